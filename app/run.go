@@ -1,0 +1,197 @@
+// Package app wires the sidecar together: configuration, the proxy, the
+// exporter, the records, the admin endpoints and, when no upstream is
+// given, the built-in simulated engine. cmd/sidecar's main only calls Run.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/proxy"
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/simengine"
+)
+
+// UsageError is a bad flag, environment variable or config file: the
+// process exits 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// ExitCode maps Run's error to the process exit code: 0, 2 for a usage
+// error, 1 otherwise.
+func ExitCode(err error) int {
+	var ue *UsageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
+}
+
+// Env is what Run needs from the process.
+type Env struct {
+	Getenv func(string) string
+	Stdout io.Writer
+	Stderr io.Writer
+	// Ready, if set, is called once every listener is bound, with the
+	// resolved addresses (tests use it with ":0" ports).
+	Ready func(Addrs)
+}
+
+// Addrs are the bound addresses.
+type Addrs struct {
+	Proxy, Admin string
+	Upstream     string
+	Simulated    bool
+}
+
+// Run runs the sidecar until ctx is done, then shuts down gracefully.
+func Run(ctx context.Context, args []string, env Env) error {
+	cfg, err := config.Load(args, env.Getenv, env.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "sidecar: invalid configuration:\n")
+		for _, e := range flattenJoin(err) {
+			fmt.Fprintf(env.Stderr, "  - %v\n", e)
+		}
+		return &UsageError{err}
+	}
+	if cfg.Check {
+		fmt.Fprintf(env.Stdout, "configuration OK\n")
+		return nil
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))
+
+	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models})
+	var sinks record.Sinks
+	switch cfg.Records {
+	case "":
+	case "-":
+		sinks = append(sinks, record.NewJSONL(env.Stdout))
+	default:
+		f, err := os.OpenFile(cfg.Records, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("records: %w", err)
+		}
+		defer f.Close()
+		sinks = append(sinks, record.NewJSONL(f))
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	addrs := Addrs{Upstream: cfg.Upstream}
+	var background []func() // stopped after the proxy drains
+	if cfg.Upstream == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("simulator: %w", err)
+		}
+		eng := simengine.NewEngine(cfg.Simulator)
+		simCtx, simStop := context.WithCancel(context.Background())
+		go eng.Run(simCtx)
+		simSrv := &http.Server{Handler: simengine.NewServer(eng), ReadHeaderTimeout: 10 * time.Second}
+		go simSrv.Serve(ln)
+		background = append(background, func() { simSrv.Close(); simStop() })
+		addrs.Upstream, addrs.Simulated = "http://"+ln.Addr().String(), true
+		log.Warn("NO --upstream GIVEN: running in front of the BUILT-IN SIMULATED ENGINE; every number is synthetic",
+			"simulator", addrs.Upstream, "model", eng.Config().Model)
+	}
+	up, _ := url.Parse(addrs.Upstream)
+	px, err := proxy.New(proxy.Options{
+		Upstream:    up,
+		Observer:    metrics,
+		Records:     sinks,
+		Logger:      log,
+		InjectUsage: cfg.InjectUsage,
+		PeekBytes:   cfg.PeekBytes,
+		Timeout:     cfg.Timeout,
+	})
+	if err != nil {
+		return err
+	}
+
+	pln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	aln, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		pln.Close()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	addrs.Proxy, addrs.Admin = pln.Addr().String(), aln.Addr().String()
+
+	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
+		EnableOpenMetrics: true,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}))
+	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	admin.Handle("GET /readyz", ready)
+
+	proxySrv := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
+	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- proxySrv.Serve(pln) }()
+	go func() { errc <- adminSrv.Serve(aln) }()
+	log.Info("tokentap is up", "proxy", "http://"+addrs.Proxy, "upstream", addrs.Upstream,
+		"metrics", "http://"+addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
+	if env.Ready != nil {
+		env.Ready(addrs)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		runErr = err
+	}
+	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer scancel()
+	if err := proxySrv.Shutdown(sctx); err != nil {
+		log.Warn("grace period over; closing the remaining streams", "err", err)
+		proxySrv.Close()
+	}
+	adminSrv.Close()
+	for _, stop := range background {
+		stop()
+	}
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+func flattenJoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flattenJoin(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}

@@ -1,0 +1,255 @@
+// Package config loads the sidecar's configuration: defaults, then a YAML
+// file (--config), then environment variables (TOKENTAP_<FLAG>), then
+// flags, each overriding the one before. Validation reports every problem
+// at once.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tokentap/tokentap/simengine"
+)
+
+// Config is the whole configuration. The zero value is not useful; start
+// from Defaults.
+type Config struct {
+	// Upstream is the engine's base URL (http or https). Empty runs the
+	// built-in simulated engine and proxies to it.
+	Upstream string `yaml:"upstream"`
+	// Listen is the proxy's address.
+	Listen string `yaml:"listen"`
+	// AdminListen serves /metrics, /healthz and /readyz.
+	AdminListen string `yaml:"admin_listen"`
+	// Records is where finished-request records go as JSON lines: a file
+	// path (appended to), "-" for stdout, or empty for nowhere.
+	Records string `yaml:"records"`
+	// InjectUsage asks the engine for usage on streams whose client did
+	// not, and removes it from the client's stream (exact token counts).
+	InjectUsage bool `yaml:"inject_usage"`
+	// MaxModels bounds the model label; later names become "_other".
+	MaxModels int `yaml:"max_models"`
+	// Models always get their own label value.
+	Models []string `yaml:"models"`
+	// PeekBytes bounds the request body read before forwarding.
+	PeekBytes int `yaml:"peek_bytes"`
+	// Timeout bounds a whole proxied request; 0 means none.
+	Timeout time.Duration `yaml:"timeout"`
+	// UpstreamHealthPath is what /readyz asks the upstream (GET, 2xx = up).
+	UpstreamHealthPath string `yaml:"upstream_health_path"`
+	// ShutdownGrace is how long in-flight streams may run on after SIGTERM.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// Simulator configures the built-in engine used when Upstream is empty.
+	Simulator simengine.Config `yaml:"simulator"`
+
+	// Check, when set by --config.check, validates and exits.
+	Check bool `yaml:"-"`
+	// File is the config file that was read, if any.
+	File string `yaml:"-"`
+}
+
+// Defaults returns the configuration before any file, env or flag.
+func Defaults() Config {
+	return Config{
+		Listen:             "127.0.0.1:8080",
+		AdminListen:        "127.0.0.1:9464",
+		InjectUsage:        true,
+		MaxModels:          20,
+		PeekBytes:          1 << 20,
+		Timeout:            10 * time.Minute,
+		UpstreamHealthPath: "/health",
+		ShutdownGrace:      30 * time.Second,
+		LogLevel:           "info",
+		Simulator:          simengine.Defaults(),
+	}
+}
+
+// EnvName is the environment twin of a flag: --admin-listen is
+// TOKENTAP_ADMIN_LISTEN, --sim.max-batch is TOKENTAP_SIM_MAX_BATCH.
+func EnvName(flagName string) string {
+	r := strings.NewReplacer("-", "_", ".", "_")
+	return "TOKENTAP_" + strings.ToUpper(r.Replace(flagName))
+}
+
+// Load builds the configuration from args (without the program name) and
+// the environment (getenv). It returns flag.ErrHelp for -h, and otherwise
+// an error that names every problem found.
+func Load(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	cfg := Defaults()
+	file := configFile(args, getenv)
+	var problems []error
+	if file != "" {
+		if err := cfg.readFile(file); err != nil {
+			problems = append(problems, err)
+		}
+		cfg.File = file
+	}
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	cfg.bind(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(usage, "Usage: sidecar [flags]\n\ntokentap sits in front of an OpenAI-compatible inference engine and measures every streamed token.\nEvery flag has an environment twin TOKENTAP_<FLAG> (dashes and dots as underscores).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		problems = append(problems, err)
+	} else if fs.NArg() > 0 {
+		problems = append(problems, fmt.Errorf("unexpected arguments: %q", fs.Args()))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	sort.Strings(names)
+	for _, n := range names {
+		if set[n] || n == "config" {
+			continue
+		}
+		if v := getenv(EnvName(n)); v != "" {
+			if err := fs.Set(n, v); err != nil {
+				problems = append(problems, fmt.Errorf("%s: %v", EnvName(n), err))
+			}
+		}
+	}
+	// Flags given on the command line were not touched above: they win.
+	problems = append(problems, cfg.Validate()...)
+	return cfg, errors.Join(problems...)
+}
+
+// configFile finds --config in args (before flags are parsed, since the
+// file's values become the flags' defaults), or TOKENTAP_CONFIG.
+func configFile(args []string, getenv func(string) string) string {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		for _, p := range []string{"--config", "-config"} {
+			if a == p && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, p+"="); ok {
+				return v
+			}
+		}
+	}
+	return getenv("TOKENTAP_CONFIG")
+}
+
+func (c *Config) readFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	return nil
+}
+
+func (c *Config) bind(fs *flag.FlagSet) {
+	fs.String("config", c.File, "YAML configuration file (TOKENTAP_CONFIG)")
+	fs.BoolVar(&c.Check, "config.check", false, "validate the configuration, print it, and exit")
+	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "engine base URL, e.g. http://127.0.0.1:8000 (empty: run the built-in simulated engine)")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "proxy listen address")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin listen address: /metrics, /healthz, /readyz")
+	fs.StringVar(&c.Records, "records", c.Records, "JSONL file of finished-request records (\"-\" = stdout, empty = none)")
+	fs.BoolVar(&c.InjectUsage, "inject-usage", c.InjectUsage, "ask the engine for usage on streams whose client did not, and strip it from the client's stream")
+	fs.IntVar(&c.MaxModels, "max-models", c.MaxModels, "distinct model label values before the rest become _other")
+	fs.IntVar(&c.PeekBytes, "peek-bytes", c.PeekBytes, "request body bytes read before forwarding (model, stream, max_tokens)")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on a whole proxied request, stream included (0 = none)")
+	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	s := &c.Simulator
+	fs.StringVar(&s.Model, "sim.model", s.Model, "simulator: model name it reports")
+	fs.IntVar(&s.MaxBatch, "sim.max-batch", s.MaxBatch, "simulator: sequences decoded together")
+	fs.IntVar(&s.MaxQueue, "sim.max-queue", s.MaxQueue, "simulator: waiting queue length before rejection")
+	fs.IntVar(&s.RejectStatus, "sim.reject-status", s.RejectStatus, "simulator: HTTP status of a rejection (429 or 503)")
+	fs.DurationVar(&s.PrefillBase, "sim.prefill-base", s.PrefillBase, "simulator: fixed prefill cost per admitted request")
+	fs.DurationVar(&s.PrefillPerToken, "sim.prefill-per-token", s.PrefillPerToken, "simulator: prefill cost per prompt token")
+	fs.DurationVar(&s.DecodeBase, "sim.decode-base", s.DecodeBase, "simulator: decode step time at batch size 0")
+	fs.DurationVar(&s.DecodePerSeq, "sim.decode-per-seq", s.DecodePerSeq, "simulator: extra decode step time per running sequence")
+	fs.Float64Var(&s.Jitter, "sim.jitter", s.Jitter, "simulator: relative step-time jitter")
+	fs.Float64Var(&s.MultiTokenProb, "sim.multi-token-prob", s.MultiTokenProb, "simulator: probability an event is coalesced with the next token")
+	fs.Float64Var(&s.StallProb, "sim.stall-prob", s.StallProb, "simulator: probability a step stalls")
+	fs.DurationVar(&s.StallDuration, "sim.stall-duration", s.StallDuration, "simulator: length of a stall")
+	fs.Float64Var(&s.ErrorProb, "sim.error-prob", s.ErrorProb, "simulator: probability a request fails mid-stream")
+	fs.Float64Var(&s.EOSProb, "sim.eos-prob", s.EOSProb, "simulator: probability per token of a natural end")
+	fs.IntVar(&s.MaxTokens, "sim.max-tokens", s.MaxTokens, "simulator: output length when the request sets no max_tokens")
+	fs.Uint64Var(&s.Seed, "sim.seed", s.Seed, "simulator: random seed")
+}
+
+// Validate returns one error per problem, each naming its setting.
+func (c *Config) Validate() []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.Upstream != "" {
+		u, err := url.Parse(c.Upstream)
+		switch {
+		case err != nil:
+			bad("upstream: %v", err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			bad("upstream: scheme must be http or https, got %q", u.Scheme)
+		case u.Host == "":
+			bad("upstream: %q has no host", c.Upstream)
+		}
+	}
+	addr := func(name, v string) {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad("%s: %q is not host:port: %v", name, v, err)
+		}
+	}
+	addr("listen", c.Listen)
+	addr("admin_listen", c.AdminListen)
+	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
+		bad("listen and admin_listen are both %q", c.Listen)
+	}
+	if c.Records != "" && c.Records != "-" {
+		if st, err := os.Stat(filepath.Dir(c.Records)); err != nil || !st.IsDir() {
+			bad("records: directory of %q does not exist", c.Records)
+		}
+	}
+	if c.MaxModels < 1 {
+		bad("max_models: must be at least 1, got %d", c.MaxModels)
+	}
+	if c.PeekBytes < 1024 {
+		bad("peek_bytes: must be at least 1024, got %d", c.PeekBytes)
+	}
+	if c.Timeout < 0 {
+		bad("timeout: must not be negative")
+	}
+	if c.ShutdownGrace < 0 {
+		bad("shutdown_grace: must not be negative")
+	}
+	if !strings.HasPrefix(c.UpstreamHealthPath, "/") {
+		bad("upstream_health_path: must start with /, got %q", c.UpstreamHealthPath)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level: must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	for _, p := range c.Simulator.Validate() {
+		errs = append(errs, errors.New(p))
+	}
+	return errs
+}

@@ -1,0 +1,382 @@
+// Package proxy is the sidecar's data path: a reverse proxy, built on
+// net/http/httputil.ReverseProxy, that forwards every byte between a client
+// and an inference engine unchanged while a tap on the response body times
+// every protocol event and fills one record.Record per request.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
+)
+
+// Options configures a Proxy.
+type Options struct {
+	// Upstream is the engine's base URL. Required.
+	Upstream *url.URL
+	// Transport carries requests to the upstream. Nil means a transport
+	// tuned for one upstream (see NewTransport).
+	Transport http.RoundTripper
+	// Observer is told about every request. Nil observes nothing.
+	Observer record.Observer
+	// Records receives every finished record. Nil keeps none.
+	Records record.Sink
+	// Clock times everything. Nil means the system clock.
+	Clock record.Clock
+	// Logger logs proxy errors. Nil discards them.
+	Logger *slog.Logger
+	// InjectUsage asks the engine for the usage chunk when a streaming
+	// client did not, and removes that chunk from the client's stream, so
+	// that output token counts are exact. False leaves requests untouched.
+	InjectUsage bool
+	// PeekBytes bounds the request body read before forwarding to find
+	// model, stream and max_tokens. Zero means 1 MiB. A larger body is
+	// streamed and read best-effort, and its usage is not injected.
+	PeekBytes int
+	// MaxParseBytes bounds a non-streaming response body kept for parsing
+	// usage. Zero means 4 MiB. A larger body is forwarded, not parsed.
+	MaxParseBytes int
+	// Timeout bounds a whole request, stream included; when it fires the
+	// request's outcome is "timeout". Zero means no timeout.
+	Timeout time.Duration
+	// Traffic labels the records and metrics. Empty means "live".
+	Traffic string
+}
+
+// Proxy is an http.Handler. Create it with New.
+type Proxy struct {
+	opts  Options
+	rp    *httputil.ReverseProxy
+	clock record.Clock
+	log   *slog.Logger
+	seq   atomic.Uint64
+	idpfx string
+}
+
+// NewTransport returns the transport used when Options.Transport is nil:
+// keep-alive connections to one upstream, no transparent compression (the
+// client's Accept-Encoding is forwarded as it came, and nothing is asked
+// for in its place), HTTP/1.1.
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+}
+
+// New returns a proxy to opts.Upstream.
+func New(opts Options) (*Proxy, error) {
+	if opts.Upstream == nil || opts.Upstream.Host == "" {
+		return nil, errors.New("proxy: an upstream URL with a host is required")
+	}
+	if opts.Transport == nil {
+		opts.Transport = NewTransport()
+	}
+	if opts.Observer == nil {
+		opts.Observer = record.Nop{}
+	}
+	if opts.Records == nil {
+		opts.Records = record.Sinks(nil)
+	}
+	if opts.Clock == nil {
+		opts.Clock = record.SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PeekBytes <= 0 {
+		opts.PeekBytes = 1 << 20
+	}
+	if opts.MaxParseBytes <= 0 {
+		opts.MaxParseBytes = 4 << 20
+	}
+	if opts.Traffic == "" {
+		opts.Traffic = "live"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	p := &Proxy{opts: opts, clock: opts.Clock, log: opts.Logger, idpfx: hex.EncodeToString(b[:])}
+	up := opts.Upstream
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			pr.Out.Host = up.Host
+		},
+		Transport:      opts.Transport,
+		FlushInterval:  -1, // flush after every write, whatever the content type
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+	}
+	return p, nil
+}
+
+type stateKey struct{}
+
+// reqState is one request in flight. It is used by one goroutine at a
+// time (the handler's), except upstreamSent, which the transport's
+// writer goroutine sets.
+type reqState struct {
+	rec          *record.Record
+	obs          record.Observation
+	clock        record.Clock
+	clientCtx    context.Context
+	ctx          context.Context
+	info         requestInfo
+	injected     bool
+	tap          *tap
+	handled      bool // the error handler answered
+	upstreamSent atomic.Int64
+	finished     bool
+}
+
+// ServeHTTP proxies one request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrive := p.clock.Now()
+	api := classify(r)
+	info := requestInfo{API: api}
+	var rewritten []byte
+	if api != record.APIOther {
+		in, whole, body, err := peek(r.Body, api, p.opts.PeekBytes)
+		if err != nil {
+			// The client's body broke while we read it: nothing can be forwarded.
+			rec := record.New(0)
+			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
+			obs := p.opts.Observer.Begin(api, "", p.opts.Traffic)
+			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
+			if r.Context().Err() == nil {
+				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, http.StatusBadRequest
+				http.Error(w, "tokentap: reading request body: "+err.Error(), http.StatusBadRequest)
+			}
+			obs.End(rec)
+			p.opts.Records.Write(rec)
+			return
+		}
+		info, r.Body = in, body
+		if p.opts.InjectUsage && in.Whole && in.Stream && !in.IncludeUsage {
+			if nb, err := withIncludeUsage(whole); err == nil {
+				rewritten = nb
+			}
+		}
+	}
+	hint := 64
+	if info.MaxTokens > 0 {
+		hint = int(min(info.MaxTokens+1, 8192))
+	}
+	rec := record.New(hint)
+	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
+	rec.API, rec.Model, rec.Stream, rec.MaxTokens = info.API, info.Model, info.Stream, info.MaxTokens
+	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
+	st.obs = p.opts.Observer.Begin(info.API, info.Model, p.opts.Traffic)
+	if rewritten != nil {
+		st.injected = true
+		rec.UsageInjected = true
+		st.obs.UsageInjected()
+		r.Body = io.NopCloser(bytes.NewReader(rewritten))
+		r.ContentLength = int64(len(rewritten))
+		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
+	}
+
+	ctx := context.WithValue(r.Context(), stateKey{}, st)
+	if p.opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.opts.Timeout)
+		defer cancel()
+	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			st.upstreamSent.Store(int64(p.clock.Now().Sub(arrive)))
+		},
+	})
+	st.ctx = ctx
+	defer p.finish(st) // also runs when ReverseProxy panics with http.ErrAbortHandler
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (p *Proxy) nextID() string {
+	return p.idpfx + "-" + strconv.FormatUint(p.seq.Add(1), 10)
+}
+
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	st, _ := resp.Request.Context().Value(stateKey{}).(*reqState)
+	if st == nil {
+		return nil
+	}
+	st.rec.Headers = p.clock.Now()
+	st.rec.HTTPStatus = resp.StatusCode
+	kind := bodyOpaque
+	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	enc := resp.Header.Get("Content-Encoding")
+	if st.info.API != record.APIOther && (enc == "" || enc == "identity") {
+		switch ct {
+		case "text/event-stream":
+			kind = bodySSE
+		case "application/json":
+			kind = bodyJSON
+		}
+	} else if st.info.API != record.APIOther {
+		st.obs.TapFailed("content_encoding")
+		st.rec.TapFailed = true
+	}
+	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
+	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
+	resp.Body = st.tap
+	return nil
+}
+
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	st, _ := r.Context().Value(stateKey{}).(*reqState)
+	status, etype, outcome := http.StatusBadGateway, record.ErrUpstreamConnect, record.Error
+	switch {
+	case st != nil && st.clientCtx.Err() != nil:
+		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
+	case errors.Is(err, context.DeadlineExceeded):
+		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
+	}
+	p.log.Warn("upstream request failed", "err", err, "outcome", outcome)
+	if status != 0 {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"error":{"message":%q,"type":"tokentap_%s","code":%d}}`+"\n",
+			"tokentap: upstream "+http.StatusText(status)+": "+err.Error(), etype, status)
+	}
+	if st != nil {
+		st.handled = true
+		st.rec.HTTPStatus = status
+		st.rec.Outcome, st.rec.ErrorType = outcome, etype
+		st.rec.Terminal = p.clock.Now()
+	}
+}
+
+// finish decides the outcome and hands the record on. MEASUREMENT.md §3:
+// every request that arrived gets exactly one outcome.
+func (p *Proxy) finish(st *reqState) {
+	if st.finished {
+		return
+	}
+	st.finished = true
+	rec := st.rec
+	if d := st.upstreamSent.Load(); d > 0 {
+		rec.UpstreamSent = rec.Arrive.Add(time.Duration(d))
+	}
+	t := st.tap
+	if t != nil && !t.closed {
+		_ = t.Close() // ReverseProxy closes the body; this is belt and braces
+	}
+	now := p.clock.Now()
+	switch {
+	case st.handled:
+		// the error handler decided
+	case t == nil:
+		// ReverseProxy returned without a response and without calling the
+		// error handler: the client went away before the upstream answered.
+		rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, now
+	default:
+		p.outcome(st, t, now)
+	}
+	p.tokens(st)
+	st.obs.End(rec)
+	p.opts.Records.Write(rec)
+}
+
+func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
+	rec := st.rec
+	cancelled := func() bool {
+		return st.clientCtx.Err() != nil
+	}
+	timedOut := func() bool {
+		return st.ctx.Err() != nil && errors.Is(st.ctx.Err(), context.DeadlineExceeded) && !cancelled()
+	}
+	terminalAt := func(at time.Time) {
+		if rec.Terminal.IsZero() {
+			rec.Terminal = at
+		}
+	}
+	status := rec.HTTPStatus
+	switch {
+	case t.streamErr:
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrStreamError
+		if t.rejection {
+			rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
+		}
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
+	case status >= 400 && (t.eof || t.done):
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrHTTP4xx
+		if status >= 500 {
+			rec.ErrorType = record.ErrHTTP5xx
+		}
+	case t.done:
+		rec.Outcome = record.Success
+	case t.eof:
+		// A clean EOF ends a non-streaming body; it ends a stream
+		// successfully only after output (MEASUREMENT.md §3).
+		if t.kind == bodySSE && rec.TokenEvents() == 0 {
+			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
+		} else {
+			rec.Outcome = record.Success
+		}
+	case cancelled():
+		rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
+	case timedOut():
+		rec.Outcome, rec.ErrorType = record.Timeout, record.ErrTimeout
+	case t.readErr != nil:
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrUpstreamReset
+	default:
+		// The body was neither finished nor broken: ReverseProxy stopped
+		// copying because writing to the client failed.
+		rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
+	}
+	if rec.Outcome == record.Success && rec.Malformed {
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrMalformed
+	}
+	if rec.Outcome == record.Success && rec.TapFailed && t.kind != bodyOpaque {
+		rec.ErrorType = "" // fail open: still a success for the client
+	}
+	switch {
+	case !t.readErrAt.IsZero() && (t.eof || t.readErr != nil) && rec.Outcome != record.Cancelled:
+		terminalAt(t.readErrAt)
+	default:
+		terminalAt(now)
+	}
+}
+
+// tokens settles the output token count from the best source
+// (MEASUREMENT.md §2) and says which.
+func (p *Proxy) tokens(st *reqState) {
+	rec, t := st.rec, st.tap
+	switch {
+	case t != nil && t.sawUsage:
+		rec.OutputTokens, rec.TokenSource = t.usageOut, "usage"
+	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceTokenIDs && rec.TokenEvents() > 0:
+		rec.OutputTokens, rec.TokenSource = t.idTokens, "token_ids"
+	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceLogprobs && rec.TokenEvents() > 0:
+		rec.OutputTokens, rec.TokenSource = t.idTokens, "logprobs"
+	case t != nil && t.kind == bodySSE && !rec.TapFailed:
+		rec.OutputTokens, rec.TokenSource = int64(rec.TokenEvents()), "events"
+	default:
+		rec.OutputTokens, rec.TokenSource = -1, "none"
+	}
+}

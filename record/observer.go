@@ -1,0 +1,48 @@
+package record
+
+import "time"
+
+// Observer is told about every request as it happens. The exporter
+// implements it; the proxy and the probe call it. Begin is called once per
+// request, at arrival.
+type Observer interface {
+	Begin(api API, model, traffic string) Observation
+}
+
+// Observation receives the live observations of one request. Gap and
+// ForwardDelay are called per event on the hot path: implementations must
+// not allocate or take a lock shared across requests there. End is called
+// exactly once, with the finished record.
+type Observation interface {
+	Gap(d time.Duration)
+	ForwardDelay(d time.Duration)
+	Malformed()
+	UsageInjected()
+	TapFailed(reason string)
+	End(r *Record)
+}
+
+// Clock tells the time. time.Now carries a monotonic reading, and every
+// duration the sidecar reports is a difference of two such readings.
+type Clock interface{ Now() time.Time }
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// Nop is an Observer that observes nothing.
+type Nop struct{}
+
+// Begin returns a no-op observation.
+func (Nop) Begin(API, string, string) Observation { return nopObs{} }
+
+type nopObs struct{}
+
+func (nopObs) Gap(time.Duration)          {}
+func (nopObs) ForwardDelay(time.Duration) {}
+func (nopObs) Malformed()                 {}
+func (nopObs) UsageInjected()             {}
+func (nopObs) TapFailed(string)           {}
+func (nopObs) End(*Record)                {}

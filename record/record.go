@@ -1,0 +1,309 @@
+// Package record holds the per-request record: the instants of one
+// request's life (MEASUREMENT.md §1), its token counts (§2), the
+// quantities derived from them (§3) and its outcome. The proxy fills one
+// Record per request; exporters and sinks read it when it is finished.
+package record
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Outcome is the terminal state of a request; every request that arrived
+// gets exactly one.
+type Outcome string
+
+// The outcomes of MEASUREMENT.md §3.
+const (
+	Success   Outcome = "success"
+	Error     Outcome = "error"
+	Rejected  Outcome = "rejected"
+	Cancelled Outcome = "cancelled"
+	Timeout   Outcome = "timeout"
+)
+
+// Outcomes lists every outcome, for pre-initialising label sets.
+var Outcomes = []Outcome{Success, Error, Rejected, Cancelled, Timeout}
+
+// Error types: a bounded set, safe as a metric label.
+const (
+	ErrHTTP4xx          = "http_4xx"
+	ErrHTTP5xx          = "http_5xx"
+	ErrRejected         = "rejected"
+	ErrStreamError      = "stream_error" // an error event after HTTP 200
+	ErrMalformed        = "malformed_stream"
+	ErrUpstreamReset    = "upstream_reset"
+	ErrUpstreamConnect  = "upstream_unreachable"
+	ErrIncomplete       = "incomplete_stream" // clean EOF, no end marker, no output
+	ErrTimeout          = "timeout"
+	ErrCancelled        = "cancelled"
+	ErrTapFailed        = "tap_failed"
+	ErrUpstreamProtocol = "upstream_protocol"
+)
+
+// API names the request's route, a bounded label.
+type API string
+
+// Routes the tap understands; everything else is APIOther and passes
+// through untouched.
+const (
+	APIChat        API = "chat"
+	APICompletions API = "completions"
+	APIOther       API = "other"
+)
+
+// Operation returns the gen_ai.operation.name for the API.
+func (a API) Operation() string {
+	switch a {
+	case APIChat:
+		return "chat"
+	case APICompletions:
+		return "text_completion"
+	}
+	return "other"
+}
+
+// Record is one request. Time fields are zero when the instant did not
+// happen (no token, no upstream response...). Offsets in the JSON form are
+// milliseconds from Arrive, taken from the monotonic clock.
+type Record struct {
+	ID      string
+	Traffic string // "live" for proxied traffic, "canary" for probes
+	API     API
+	Model   string // the requested model as sent; "" when unknown
+	Stream  bool
+
+	Outcome      Outcome
+	HTTPStatus   int    // the status the client got; 0 if none was sent
+	ErrorType    string // one of the Err* constants; "" on success
+	ErrorCode    int64  // engine error code from an error event, if any
+	FinishReason string
+
+	InputTokens   int64 // -1 when unknown
+	OutputTokens  int64 // -1 when unknown
+	CachedTokens  int64
+	TokenSource   string // usage | token_ids | logprobs | events | none
+	Events        int    // protocol events seen
+	Malformed     bool   // some event could not be parsed
+	UsageInjected bool   // the sidecar asked the engine for usage
+	ResponseModel string
+	ResponseID    string // the engine's id for the completion
+	TapFailed     bool   // the tap gave up on this response (fail open)
+	MaxTokens     int64  // requested max_tokens, 0 when not sent
+
+	Arrive           time.Time // request headers read: the zero of every offset
+	UpstreamSent     time.Time
+	Headers          time.Time
+	FirstByte        time.Time
+	FirstEvent       time.Time
+	FirstToken       time.Time
+	FirstOutputToken time.Time
+	LastToken        time.Time
+	Terminal         time.Time
+
+	// TokenAt holds the offset from Arrive of every token-bearing event.
+	TokenAt []time.Duration
+	// TokensPerEvent is parallel to TokenAt when every token-bearing
+	// event said how many tokens it carried; nil otherwise.
+	TokensPerEvent []int32
+	perEventKnown  bool
+	// MaxGap is the largest gap between consecutive token-bearing events.
+	MaxGap time.Duration
+}
+
+// Reset clears r for reuse, keeping the capacity of its slices.
+func (r *Record) Reset() {
+	ta, tpe := r.TokenAt[:0], r.TokensPerEvent[:0]
+	*r = Record{TokenAt: ta, TokensPerEvent: tpe, InputTokens: -1, OutputTokens: -1, perEventKnown: true}
+}
+
+// New returns a reset record with room for hint token events.
+func New(hint int) *Record {
+	r := &Record{TokenAt: make([]time.Duration, 0, hint), TokensPerEvent: make([]int32, 0, hint)}
+	r.Reset()
+	return r
+}
+
+// AddToken records a token-bearing event read at t carrying k tokens
+// (k <= 0: unknown) and returns the gap to the previous token-bearing
+// event (0 and false for the first). It does not allocate while the
+// record's capacity lasts.
+func (r *Record) AddToken(t time.Time, k int64, output bool) (gap time.Duration, ok bool) {
+	if r.FirstToken.IsZero() {
+		r.FirstToken = t
+	} else {
+		gap, ok = t.Sub(r.LastToken), true
+		if gap > r.MaxGap {
+			r.MaxGap = gap
+		}
+	}
+	if output && r.FirstOutputToken.IsZero() {
+		r.FirstOutputToken = t
+	}
+	r.LastToken = t
+	r.TokenAt = append(r.TokenAt, t.Sub(r.Arrive))
+	if k > 0 && k <= math.MaxInt32 && r.perEventKnown {
+		r.TokensPerEvent = append(r.TokensPerEvent, int32(k))
+	} else {
+		r.perEventKnown = false
+	}
+	return gap, ok
+}
+
+// TokenEvents is the number of token-bearing events.
+func (r *Record) TokenEvents() int { return len(r.TokenAt) }
+
+// PerEventKnown reports whether every token-bearing event carried a count.
+func (r *Record) PerEventKnown() bool {
+	return r.perEventKnown && len(r.TokensPerEvent) == len(r.TokenAt) && len(r.TokenAt) > 0
+}
+
+func since(a, b time.Time) (time.Duration, bool) {
+	if a.IsZero() || b.IsZero() {
+		return 0, false
+	}
+	return b.Sub(a), true
+}
+
+// TTFT is FirstToken − Arrive; ok is false when no token arrived.
+func (r *Record) TTFT() (time.Duration, bool) { return since(r.Arrive, r.FirstToken) }
+
+// TTFOT is FirstOutputToken − Arrive (reasoning excluded).
+func (r *Record) TTFOT() (time.Duration, bool) { return since(r.Arrive, r.FirstOutputToken) }
+
+// TTFB is FirstByte − Arrive.
+func (r *Record) TTFB() (time.Duration, bool) { return since(r.Arrive, r.FirstByte) }
+
+// E2E is Terminal − Arrive. It is never the last-token latency.
+func (r *Record) E2E() (time.Duration, bool) { return since(r.Arrive, r.Terminal) }
+
+// TPOT is (LastToken − FirstToken) / (n − 1) with n the output token
+// count; ok is false for n ≤ 1, when it is undefined (not zero).
+func (r *Record) TPOT() (time.Duration, bool) {
+	n := r.OutputTokens
+	if r.FirstToken.IsZero() || n < 2 {
+		return 0, false
+	}
+	return r.LastToken.Sub(r.FirstToken) / time.Duration(n-1), true
+}
+
+// Gaps calls fn with every inter-token-event gap, in order.
+func (r *Record) Gaps(fn func(time.Duration)) {
+	for i := 1; i < len(r.TokenAt); i++ {
+		fn(r.TokenAt[i] - r.TokenAt[i-1])
+	}
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 } // µs resolution
+
+// MarshalJSON writes the documented record schema (docs/records.md).
+func (r *Record) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 512+12*len(r.TokenAt))
+	b = append(b, '{')
+	str := func(k, v string) {
+		b = append(b, '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = appendJSONString(b, v)
+		b = append(b, ',')
+	}
+	num := func(k string, v int64) {
+		b = append(b, '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = strconv.AppendInt(b, v, 10)
+		b = append(b, ',')
+	}
+	opt := func(k string, d time.Duration, ok bool) {
+		b = append(b, '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		if ok {
+			b = strconv.AppendFloat(b, ms(d), 'f', -1, 64)
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, ',')
+	}
+	optInt := func(k string, v int64) {
+		if v < 0 {
+			b = append(b, '"')
+			b = append(b, k...)
+			b = append(b, `":null,`...)
+			return
+		}
+		num(k, v)
+	}
+	str("id", r.ID)
+	str("start", r.Arrive.UTC().Format(time.RFC3339Nano))
+	str("traffic", r.Traffic)
+	str("api", string(r.API))
+	str("model", r.Model)
+	b = append(b, `"stream":`...)
+	b = strconv.AppendBool(b, r.Stream)
+	b = append(b, ',')
+	str("outcome", string(r.Outcome))
+	num("http_status", int64(r.HTTPStatus))
+	str("error_type", r.ErrorType)
+	if r.ErrorCode != 0 {
+		num("error_code", r.ErrorCode)
+	}
+	str("finish_reason", r.FinishReason)
+	optInt("input_tokens", r.InputTokens)
+	optInt("output_tokens", r.OutputTokens)
+	if r.CachedTokens > 0 {
+		num("cached_tokens", r.CachedTokens)
+	}
+	str("token_source", r.TokenSource)
+	num("events", int64(r.Events))
+	num("token_events", int64(len(r.TokenAt)))
+	if r.Malformed {
+		b = append(b, `"malformed":true,`...)
+	}
+	if r.UsageInjected {
+		b = append(b, `"usage_injected":true,`...)
+	}
+	d, ok := r.TTFB()
+	opt("ttfb_ms", d, ok)
+	d, ok = r.TTFT()
+	opt("ttft_ms", d, ok)
+	d, ok = r.TTFOT()
+	opt("ttfot_ms", d, ok)
+	b = append(b, `"token_ms":[`...)
+	for i, t := range r.TokenAt {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, ms(t), 'f', -1, 64)
+	}
+	b = append(b, "],"...)
+	b = append(b, `"tokens_per_event":`...)
+	if r.PerEventKnown() {
+		b = append(b, '[')
+		for i, k := range r.TokensPerEvent {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(k), 10)
+		}
+		b = append(b, "],"...)
+	} else {
+		b = append(b, "null,"...)
+	}
+	d, ok = since(r.Arrive, r.Terminal)
+	opt("terminal_ms", d, ok)
+	d, ok = r.TPOT()
+	opt("tpot_ms", d, ok)
+	d, ok = r.E2E()
+	opt("e2e_ms", d, ok)
+	opt("max_itl_ms", r.MaxGap, len(r.TokenAt) >= 2)
+	b[len(b)-1] = '}'
+	return b, nil
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	enc, _ := json.Marshal(s)
+	return append(b, enc...)
+}

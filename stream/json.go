@@ -1,0 +1,282 @@
+package stream
+
+// A small JSON scanner that never allocates. It walks object members and
+// array elements of a document held in memory and hands out raw byte
+// slices of values. It checks structure (brackets, strings, commas, colons)
+// but not the grammar of numbers and literals; keys are compared as their
+// raw bytes, without unescaping (the engine payloads we read never escape
+// their keys). Design note: encoding/json allocates for every decoded
+// string, and one decode per streamed token would break the zero-allocation
+// rule of the hot path.
+
+const maxDepth = 4096
+
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && isWS(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the closing quote of the string that
+// starts at b[i] == '"', or -1.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns the index just after the JSON value starting at or
+// after b[i] (leading white space allowed), or -1 if it is malformed.
+func skipValue(b []byte, i int) int {
+	var stack [maxDepth / 64]uint64 // 1 bit per level: 1 = object
+	depth := 0
+	i = skipWS(b, i)
+	for {
+		if i >= len(b) {
+			return -1
+		}
+		// at the start of a value
+		switch c := b[i]; c {
+		case '"':
+			if i = skipString(b, i); i < 0 {
+				return -1
+			}
+		case '{', '[':
+			if depth >= maxDepth {
+				return -1
+			}
+			if c == '{' {
+				stack[depth/64] |= 1 << (depth % 64)
+			} else {
+				stack[depth/64] &^= 1 << (depth % 64)
+			}
+			depth++
+			i = skipWS(b, i+1)
+			if i < len(b) && (b[i] == '}' || b[i] == ']') {
+				break // empty container: closed below
+			}
+			if c == '{' {
+				if i = objKey(b, i); i < 0 {
+					return -1
+				}
+			}
+			continue
+		case '}', ']', ',', ':':
+			return -1
+		default:
+			start := i
+			for i < len(b) && !isWS(b[i]) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ':' {
+				i++
+			}
+			if i == start || !literalOK(b[start:i]) {
+				return -1
+			}
+		}
+		// after a value: close containers or move to the next member
+		for {
+			i = skipWS(b, i)
+			if depth == 0 {
+				return i
+			}
+			if i >= len(b) {
+				return -1
+			}
+			isObj := stack[(depth-1)/64]&(1<<((depth-1)%64)) != 0
+			switch b[i] {
+			case ',':
+				i = skipWS(b, i+1)
+				if isObj {
+					if i = objKey(b, i); i < 0 {
+						return -1
+					}
+				}
+			case '}':
+				if !isObj {
+					return -1
+				}
+				depth--
+				i++
+				continue
+			case ']':
+				if isObj {
+					return -1
+				}
+				depth--
+				i++
+				continue
+			default:
+				return -1
+			}
+			break
+		}
+	}
+}
+
+// objKey expects `"key" :` at b[i] and returns the index of the value.
+func objKey(b []byte, i int) int {
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
+	if i = skipString(b, i); i < 0 {
+		return -1
+	}
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	return skipWS(b, i+1)
+}
+
+func literalOK(l []byte) bool {
+	switch string(l) {
+	case "true", "false", "null":
+		return true
+	}
+	c := l[0]
+	return c == '-' || (c >= '0' && c <= '9')
+}
+
+// eachMember calls fn for every member of the object in b (white space
+// around it allowed) with the raw key (without quotes) and the raw value.
+// fn returns false to stop. It returns false if b is not a well-formed
+// object.
+func eachMember(b []byte, fn func(key, val []byte) bool) bool {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipWS(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		ke := skipString(b, i)
+		if ke < 0 {
+			return false
+		}
+		key := b[i+1 : ke-1]
+		v := objKey(b, i)
+		if v < 0 {
+			return false
+		}
+		ve := skipValue(b, v)
+		if ve < 0 {
+			return false
+		}
+		if !fn(key, trimWS(b[v:ve])) {
+			return true
+		}
+		i = skipWS(b, ve)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return skipWS(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// eachElement calls fn for every element of the array in b. It returns
+// false if b is not a well-formed array.
+func eachElement(b []byte, fn func(val []byte) bool) bool {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return skipWS(b, i+1) == len(b)
+	}
+	for {
+		ve := skipValue(b, i)
+		if ve < 0 {
+			return false
+		}
+		if !fn(trimWS(b[i:ve])) {
+			return true
+		}
+		i = skipWS(b, ve)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return skipWS(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+func trimWS(b []byte) []byte {
+	for len(b) > 0 && isWS(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	for len(b) > 0 && isWS(b[0]) {
+		b = b[1:]
+	}
+	return b
+}
+
+// strVal returns the raw contents of a JSON string value (escapes kept)
+// and whether v is a string.
+func strVal(v []byte) ([]byte, bool) {
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		return v[1 : len(v)-1], true
+	}
+	return nil, false
+}
+
+// intVal parses a JSON integer value (a number with no fraction or
+// exponent); ok is false otherwise or on overflow.
+func intVal(v []byte) (n int64, ok bool) {
+	if len(v) == 0 {
+		return 0, false
+	}
+	neg := v[0] == '-'
+	if neg {
+		v = v[1:]
+	}
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// countElements returns the number of elements of a JSON array value, or
+// -1 if v is not an array.
+func countElements(v []byte) int {
+	n := 0
+	if !eachElement(v, func([]byte) bool { n++; return true }) {
+		return -1
+	}
+	return n
+}

@@ -1,0 +1,281 @@
+package stream
+
+import "bytes"
+
+// Chunk is what one OpenAI-style payload says, as far as measurement goes:
+// a streamed chat.completion.chunk or text_completion event, or a whole
+// non-streaming response body. Byte slices alias the payload.
+//
+// The zero value is an empty chunk that carries nothing.
+type Chunk struct {
+	Done      bool // the "[DONE]" end marker
+	Malformed bool // not JSON, or not a JSON object
+	// Error is set when the payload is an error object: a top-level
+	// "error" member (vLLM, SGLang, TGI, llama.cpp, OpenAI) or
+	// {"object":"error",...} (older vLLM).
+	Error     bool
+	ErrorType []byte // error.type, error.code as a string, or the error string
+	ErrorCode int64  // error.code or error.http_status_code, when numeric
+	// Output is set when some choice carries user-visible content or
+	// tool-call arguments; Reasoning when some choice carries reasoning.
+	// Role-only and empty-content deltas set neither.
+	Output, Reasoning bool
+	// Tokens is the number of tokens this event carries when the payload
+	// says so exactly (vLLM's per-choice token_ids) or per token
+	// (logprobs entries); 0 means unknown. TokensFrom says which.
+	Tokens     int64
+	TokensFrom TokenSource
+	// Choices is the number of elements of "choices" (-1 when absent).
+	Choices int
+	// Usage is set when a "usage" object with numbers is present.
+	Usage            bool
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64 // usage.prompt_tokens_details.cached_tokens
+	ReasoningTokens  int64 // usage.completion_tokens_details.reasoning_tokens
+	FinishReason     []byte
+	ID, Model        []byte
+}
+
+// TokenSource names where an output token count came from, best first.
+type TokenSource uint8
+
+// Token sources, in the order of preference of MEASUREMENT.md §2.
+const (
+	SourceNone     TokenSource = iota
+	SourceUsage                // the server's usage numbers
+	SourceTokenIDs             // per-event token ids (vLLM return_token_ids)
+	SourceLogprobs             // one logprobs entry per token
+	SourceEvents               // token-bearing events counted: a last resort
+)
+
+func (s TokenSource) String() string {
+	switch s {
+	case SourceUsage:
+		return "usage"
+	case SourceTokenIDs:
+		return "token_ids"
+	case SourceLogprobs:
+		return "logprobs"
+	case SourceEvents:
+		return "events"
+	}
+	return "none"
+}
+
+// UsageOnly reports whether the chunk is the usage chunk that
+// stream_options.include_usage adds: no choices, usage present.
+func (c *Chunk) UsageOnly() bool { return c.Usage && c.Choices == 0 && !c.Error }
+
+// TokenBearing reports whether the event carries generated output.
+func (c *Chunk) TokenBearing() bool { return c.Output || c.Reasoning }
+
+var doneMarker = []byte("[DONE]")
+
+// ParseOpenAI reads one OpenAI Chat Completions or Completions payload
+// (the data of one SSE event, or a whole non-streaming body) into c. It
+// never allocates.
+func ParseOpenAI(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	objectError := false
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "error":
+			c.Error = true
+			parseError(v, c)
+		case "object":
+			if s, _ := strVal(v); string(s) == "error" {
+				objectError = true
+			}
+		case "type": // {"object":"error","type":...} or TGI's error_type
+			if objectError || c.Error {
+				if s, ok := strVal(v); ok && c.ErrorType == nil {
+					c.ErrorType = s
+				}
+			}
+		case "error_type":
+			if s, ok := strVal(v); ok {
+				c.ErrorType = s
+			}
+		case "code":
+			if n, ok := intVal(v); ok && c.ErrorCode == 0 {
+				c.ErrorCode = n
+			}
+		case "id":
+			c.ID, _ = strVal(v)
+		case "model":
+			c.Model, _ = strVal(v)
+		case "choices":
+			c.Choices = 0
+			eachElement(v, func(ch []byte) bool {
+				c.Choices++
+				parseChoice(ch, c)
+				return true
+			})
+		case "usage":
+			parseUsage(v, c)
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	if objectError {
+		c.Error = true
+	}
+	if !c.Error {
+		c.ErrorCode = 0 // a "code" member outside an error object means nothing
+	}
+}
+
+func parseError(v []byte, c *Chunk) {
+	if s, ok := strVal(v); ok { // TGI: "error":"message"
+		if c.ErrorType == nil {
+			c.ErrorType = []byte("error")
+		}
+		_ = s
+		return
+	}
+	eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "type":
+			if s, ok := strVal(v); ok && len(s) > 0 {
+				c.ErrorType = s
+			}
+		case "code":
+			if n, ok := intVal(v); ok {
+				c.ErrorCode = n
+			} else if s, ok := strVal(v); ok && c.ErrorType == nil {
+				c.ErrorType = s
+			}
+		case "http_status_code":
+			if n, ok := intVal(v); ok {
+				c.ErrorCode = n
+			}
+		}
+		return true
+	})
+}
+
+func parseChoice(ch []byte, c *Chunk) {
+	eachMember(ch, func(k, v []byte) bool {
+		switch string(k) {
+		case "delta", "message":
+			eachMember(v, func(k, v []byte) bool {
+				switch string(k) {
+				case "content":
+					if s, ok := strVal(v); ok && len(s) > 0 {
+						c.Output = true
+					}
+				case "reasoning_content", "reasoning":
+					if s, ok := strVal(v); ok && len(s) > 0 {
+						c.Reasoning = true
+					}
+				case "tool_calls":
+					if countElements(v) > 0 {
+						c.Output = true
+					}
+				case "function_call":
+					if len(v) > 0 && v[0] == '{' {
+						c.Output = true
+					}
+				}
+				return true
+			})
+		case "text": // legacy Completions
+			if s, ok := strVal(v); ok && len(s) > 0 {
+				c.Output = true
+			}
+		case "finish_reason":
+			if s, ok := strVal(v); ok {
+				c.FinishReason = s
+			}
+		case "token_ids":
+			if n := countElements(v); n > 0 {
+				c.Tokens += int64(n)
+				c.TokensFrom = SourceTokenIDs
+			}
+		case "logprobs":
+			if c.TokensFrom == SourceTokenIDs {
+				return true
+			}
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "content" || string(k) == "tokens" {
+					if n := countElements(v); n > 0 {
+						c.Tokens += int64(n)
+						c.TokensFrom = SourceLogprobs
+					}
+				}
+				return true
+			})
+		}
+		return true
+	})
+}
+
+func parseUsage(v []byte, c *Chunk) {
+	eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "prompt_tokens":
+			if n, ok := intVal(v); ok {
+				c.PromptTokens, c.Usage = n, true
+			}
+		case "completion_tokens":
+			if n, ok := intVal(v); ok {
+				c.CompletionTokens, c.Usage = n, true
+			}
+		case "prompt_tokens_details":
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "cached_tokens" {
+					c.CachedTokens, _ = intVal(v)
+				}
+				return true
+			})
+		case "completion_tokens_details":
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "reasoning_tokens" {
+					c.ReasoningTokens, _ = intVal(v)
+				}
+				return true
+			})
+		}
+		return true
+	})
+}
+
+// Rejection reports whether an error chunk means the engine refused
+// admission (overload) rather than failing a request it had taken.
+func (c *Chunk) Rejection() bool {
+	if c.ErrorCode == 429 || c.ErrorCode == 503 {
+		return true
+	}
+	t := c.ErrorType
+	return containsFold(t, "overload") || containsFold(t, "rate_limit") || containsFold(t, "capacity")
+}
+
+func containsFold(s []byte, sub string) bool {
+	n := len(sub)
+	for i := 0; i+n <= len(s); i++ {
+		match := true
+		for j := 0; j < n; j++ {
+			c := s[i+j]
+			if c >= 'A' && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != sub[j] {
+				match = false
+				break
+			}
+		}
+		if match {
+			return true
+		}
+	}
+	return false
+}

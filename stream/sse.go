@@ -1,0 +1,200 @@
+// Package stream turns the bytes of an engine's response into protocol
+// events: an incremental Server-Sent Events framer and adapters that read
+// the OpenAI Chat Completions and Completions payloads carried by those
+// events. Nothing here allocates per event in steady state.
+package stream
+
+import "bytes"
+
+// Event is one dispatched SSE event. Its slices alias the Framer's internal
+// buffers and are valid only until the callback returns.
+type Event struct {
+	// Name is the value of the last "event:" field; empty means "message".
+	Name []byte
+	// Data is the concatenation of the "data:" field values, joined by "\n"
+	// as the SSE specification says. HasData tells an empty data field
+	// ("data:") apart from no data field at all.
+	Data    []byte
+	HasData bool
+	// Start and End are the byte offsets of the event's raw bytes in the
+	// whole stream, [Start, End), including its terminating blank line.
+	// When that blank line ends in a CRLF split across two reads, the event
+	// is dispatched at the CR (so that its time is the time of the read
+	// that completed it) and End stops before the LF; AfterCR tells.
+	Start, End int64
+	// Partial is true for an event that the stream ended inside (no blank
+	// line after it). The specification discards such an event; we dispatch
+	// it, flagged, because engines do end streams with "data: [DONE]\n".
+	Partial bool
+}
+
+// Framer splits a Server-Sent Events byte stream into events. Feed it the
+// bytes in the order they were read, split anywhere; it handles CR, LF and
+// CRLF line endings (also a CRLF split across two reads), "data:" with or
+// without one leading space, comment lines, multi-line data, a leading
+// UTF-8 BOM, and a partial event at EOF (see Finish).
+//
+// The zero value is ready to use. A Framer is not safe for concurrent use.
+type Framer struct {
+	line      []byte // the current line, when it spans reads
+	data      []byte // data of the event being built
+	name      []byte // event name of the event being built
+	hasData   bool
+	hasFields bool  // any line other than the terminator since the last dispatch
+	offset    int64 // bytes consumed so far
+	evStart   int64 // offset of the first byte of the event being built
+	lineStart int64 // offset of the first byte of the current line
+	afterCR   bool  // the last byte consumed was a CR that ended a line
+	started   bool  // the first line has been seen (BOM handling)
+	// MaxEventBytes bounds the bytes buffered for one event (line + data).
+	// Zero means 1 MiB. An event over the bound sets Overflow and is dropped.
+	MaxEventBytes int
+	// Overflow is set once an event exceeded MaxEventBytes.
+	Overflow bool
+	ev       Event // handed to callbacks; kept here so dispatch never allocates
+}
+
+var bom = []byte{0xEF, 0xBB, 0xBF}
+
+// Reset makes the Framer ready for a new stream, keeping its buffers.
+func (f *Framer) Reset() {
+	max := f.MaxEventBytes
+	*f = Framer{line: f.line[:0], data: f.data[:0], name: f.name[:0], MaxEventBytes: max}
+}
+
+func (f *Framer) limit() int {
+	if f.MaxEventBytes > 0 {
+		return f.MaxEventBytes
+	}
+	return 1 << 20
+}
+
+// Feed consumes p and calls fn for every event completed by it.
+func (f *Framer) Feed(p []byte, fn func(*Event)) {
+	for len(p) > 0 {
+		if f.afterCR {
+			f.afterCR = false
+			if p[0] == '\n' { // second half of a CRLF
+				p = p[1:]
+				f.offset++
+				if f.evStart == f.offset-1 {
+					f.evStart = f.offset
+				}
+				f.lineStart = f.offset
+				continue
+			}
+		}
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			if len(f.line)+len(p) > f.limit() {
+				f.Overflow = true
+				f.line = f.line[:0]
+			} else {
+				f.line = append(f.line, p...)
+			}
+			f.offset += int64(len(p))
+			return
+		}
+		var line []byte
+		if len(f.line) > 0 {
+			f.line = append(f.line, p[:i]...)
+			line = f.line
+		} else {
+			line = p[:i]
+		}
+		eol := 1
+		if p[i] == '\r' {
+			if i+1 < len(p) {
+				if p[i+1] == '\n' {
+					eol = 2
+				}
+			} else {
+				f.afterCR = true
+			}
+		}
+		f.offset += int64(i + eol)
+		f.processLine(line, fn)
+		f.line = f.line[:0]
+		f.lineStart = f.offset
+		p = p[i+eol:]
+	}
+}
+
+// Finish ends the stream: an event the stream ended inside is dispatched
+// with Partial set. The Framer must be Reset before it is fed again.
+func (f *Framer) Finish(fn func(*Event)) {
+	if len(f.line) > 0 {
+		line := f.line
+		f.processLine(line, nil)
+		f.line = f.line[:0]
+	}
+	if f.hasFields {
+		f.dispatch(fn, true)
+	}
+}
+
+func (f *Framer) processLine(line []byte, fn func(*Event)) {
+	if !f.started {
+		f.started = true
+		line = bytes.TrimPrefix(line, bom)
+	}
+	if len(line) == 0 {
+		if f.hasFields {
+			f.dispatch(fn, false)
+		} else {
+			f.evStart = f.offset // a stray blank line belongs to no event
+		}
+		return
+	}
+	f.hasFields = true
+	if line[0] == ':' { // comment
+		return
+	}
+	var field, value []byte
+	if c := bytes.IndexByte(line, ':'); c >= 0 {
+		field, value = line[:c], line[c+1:]
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+	} else {
+		field = line
+	}
+	switch string(field) { // no allocation: the compiler special-cases this
+	case "data":
+		if f.hasData {
+			f.data = append(f.data, '\n')
+		}
+		if len(f.data)+len(value) > f.limit() {
+			f.Overflow = true
+			return
+		}
+		f.data = append(f.data, value...)
+		f.hasData = true
+	case "event":
+		f.name = append(f.name[:0], value...)
+	}
+}
+
+func (f *Framer) dispatch(fn func(*Event), partial bool) {
+	f.ev = Event{Name: f.name, Data: f.data, HasData: f.hasData, Start: f.evStart, End: f.offset, Partial: partial}
+	if fn != nil {
+		fn(&f.ev)
+	}
+	f.data = f.data[:0]
+	f.name = f.name[:0]
+	f.hasData = false
+	f.hasFields = false
+	f.evStart = f.offset
+}
+
+// AfterCR reports whether the last byte fed was a CR that ended a line,
+// so that an LF fed next completes a CRLF rather than starting a line.
+func (f *Framer) AfterCR() bool { return f.afterCR }
+
+// Offset reports how many bytes have been fed.
+func (f *Framer) Offset() int64 { return f.offset }
+
+// PendingStart reports the stream offset at which the event being built
+// (not yet dispatched) starts. Bytes from there to Offset are buffered
+// state, not a complete event.
+func (f *Framer) PendingStart() int64 { return f.evStart }
