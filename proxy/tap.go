@@ -55,7 +55,8 @@ type tap struct {
 	heldOff int64      //
 	cuts    [][2]int64 // byte ranges of held to drop
 	cutLF   int64      // offset of an LF that completes a cut CRLF, or -1
-	out     []byte     // forwardable bytes that did not fit the caller's buffer
+	out     []byte     // forwardable bytes; out[outPos:] not yet handed to the caller
+	outPos  int        //
 	outErr  error      // error to return once out is drained
 	queue   []queued   // forwarded events awaiting parsing
 	qdata   []byte     // their data
@@ -271,11 +272,11 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 
 // readStrip is Read in strip mode.
 func (t *tap) readStrip(p []byte) (int, error) {
-	if len(t.out) > 0 {
-		n := copy(p, t.out)
-		t.out = t.out[n:]
-		if len(t.out) == 0 {
-			t.out = t.out[:0:0]
+	if t.outPos < len(t.out) {
+		n := copy(p, t.out[t.outPos:])
+		t.outPos += n
+		if t.outPos == len(t.out) {
+			t.out, t.outPos = t.out[:0], 0 // keep the buffer: no allocation per event
 			if t.outErr != nil {
 				return n, t.outErr
 			}
@@ -309,7 +310,7 @@ func (t *tap) readStrip(p []byte) (int, error) {
 			t.finishStrip()
 			t.outErr = err
 		}
-		if len(t.out) > 0 || t.outErr != nil {
+		if t.outPos < len(t.out) || t.outErr != nil {
 			return t.readStrip(p)
 		}
 		// everything read so far belongs to an incomplete event: read on

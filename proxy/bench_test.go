@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/record"
+)
+
+// loopReader serves the same SSE event forever, one event per Read.
+type loopReader struct{ ev []byte }
+
+func (l *loopReader) Read(p []byte) (int, error) { return copy(p, l.ev), nil }
+func (l *loopReader) Close() error               { return nil }
+
+// BenchmarkTapEvent measures the tap's hot path per event in steady state:
+// one upstream read carrying one token event, timed, framed, parsed,
+// recorded and observed (ITL histogram and forwarding delay, through the
+// real exporter). It must report 0 allocs/op. Every 1,024 events the
+// record is reset, as a new request pre-sized from max_tokens would be.
+func BenchmarkTapEvent(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for _, strip := range []bool{false, true} {
+		name := "passthrough"
+		if strip {
+			name = "strip"
+		}
+		b.Run(name, func(b *testing.B) {
+			m := exporter.New(exporter.Config{})
+			st := &reqState{rec: record.New(1024), obs: m.Begin(record.APIChat, "m", "live"), clock: record.SystemClock{}}
+			st.rec.Arrive = time.Now()
+			tp := newTap(&loopReader{ev: ev}, st, bodySSE, strip, 1<<20)
+			p := make([]byte, 32<<10)
+			for i := 0; i < 2048; i++ { // warm up buffers and histogram buckets
+				tp.Read(p)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if i%1024 == 0 {
+					st.rec.Reset()
+					st.rec.Arrive = time.Now()
+				}
+				if _, err := tp.Read(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if st.rec.TokenEvents() == 0 {
+				b.Fatal("no token events recorded")
+			}
+		})
+	}
+}
+
+// lockstep is an upstream that writes one event each time it is told to,
+// on one long stream, so that each event's latency can be measured alone.
+type lockstep struct{ trigger chan struct{} }
+
+func (l *lockstep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	w.(http.Flusher).Flush()
+	ev := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}` + "\n\n"
+	for {
+		select {
+		case <-l.trigger:
+			io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+type path struct {
+	name    string
+	up      *lockstep
+	br      *bufio.Reader
+	body    io.Closer
+	samples []time.Duration
+}
+
+func (p *path) event(b *testing.B) {
+	t0 := time.Now()
+	p.up.trigger <- struct{}{}
+	for {
+		line, err := p.br.ReadString('\n')
+		if err != nil {
+			b.Fatal(err)
+		}
+		if line == "\n" {
+			break
+		}
+	}
+	p.samples = append(p.samples, time.Since(t0))
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkLoopbackAddedLatency measures, in one run, the latency of one
+// event from the upstream's write to the client's read through a bare
+// httputil.ReverseProxy and through the sidecar (usage injection on, so
+// the strip path is the one measured), interleaving the two so that
+// machine noise hits both alike. It reports the medians and the sidecar's
+// added latency per event.
+func BenchmarkLoopbackAddedLatency(b *testing.B) {
+	mk := func(name string, h func(*url.URL) http.Handler) *path {
+		up := &lockstep{trigger: make(chan struct{})}
+		us := httptest.NewServer(up)
+		b.Cleanup(us.Close)
+		u, _ := url.Parse(us.URL)
+		fs := httptest.NewServer(h(u))
+		b.Cleanup(fs.Close)
+		resp, err := http.Post(fs.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { resp.Body.Close() })
+		return &path{name: name, up: up, br: bufio.NewReader(resp.Body), body: resp.Body}
+	}
+	bare := mk("bare", func(u *url.URL) http.Handler {
+		return &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, FlushInterval: -1}
+	})
+	side := mk("sidecar", func(u *url.URL) http.Handler {
+		m := exporter.New(exporter.Config{})
+		p, err := New(Options{Upstream: u, Observer: m, InjectUsage: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return p
+	})
+	for i := 0; i < 200; i++ { // warm up
+		bare.event(b)
+		side.event(b)
+	}
+	bare.samples, side.samples = bare.samples[:0], side.samples[:0]
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			bare.event(b)
+			side.event(b)
+		} else {
+			side.event(b)
+			bare.event(b)
+		}
+	}
+	b.StopTimer()
+	mb, ms := median(bare.samples), median(side.samples)
+	b.ReportMetric(float64(mb.Nanoseconds())/1e3, "bare-µs/event")
+	b.ReportMetric(float64(ms.Nanoseconds())/1e3, "sidecar-µs/event")
+	b.ReportMetric(float64((ms-mb).Nanoseconds())/1e3, "added-µs/event")
+	b.ReportMetric(float64(ms)/float64(mb), "sidecar/bare")
+}

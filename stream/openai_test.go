@@ -1,0 +1,176 @@
+package stream
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+func TestParseOpenAI(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		want func(c *Chunk) bool
+	}{
+		{"done", "[DONE]", func(c *Chunk) bool { return c.Done }},
+		{"done with spaces", "  [DONE] ", func(c *Chunk) bool { return c.Done }},
+		{"role only is not a token", `{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`,
+			func(c *Chunk) bool { return !c.TokenBearing() && c.Choices == 1 }},
+		{"null content is not a token", `{"choices":[{"delta":{"role":"assistant","content":null}}]}`,
+			func(c *Chunk) bool { return !c.TokenBearing() }},
+		{"content", `{"id":"a","model":"m","choices":[{"delta":{"content":"hi"},"finish_reason":null}]}`,
+			func(c *Chunk) bool { return c.Output && !c.Reasoning && string(c.ID) == "a" && string(c.Model) == "m" }},
+		{"reasoning", `{"choices":[{"delta":{"reasoning_content":"hmm"}}]}`,
+			func(c *Chunk) bool { return c.Reasoning && !c.Output && c.TokenBearing() }},
+		{"reasoning (new name)", `{"choices":[{"delta":{"reasoning":"hmm"}}]}`, func(c *Chunk) bool { return c.Reasoning }},
+		{"tool call args", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a"}}]}}]}`,
+			func(c *Chunk) bool { return c.Output }},
+		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[]}}]}`, func(c *Chunk) bool { return !c.Output }},
+		{"legacy completions", `{"object":"text_completion","choices":[{"index":0,"text":" x","finish_reason":"length"}]}`,
+			func(c *Chunk) bool { return c.Output && string(c.FinishReason) == "length" }},
+		{"token ids", `{"choices":[{"delta":{"content":"ab"},"token_ids":[1,2,3]}]}`,
+			func(c *Chunk) bool { return c.Tokens == 3 && c.TokensFrom == SourceTokenIDs }},
+		{"chat logprobs", `{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{"token":"a"},{"token":"b"}]}}]}`,
+			func(c *Chunk) bool { return c.Tokens == 2 && c.TokensFrom == SourceLogprobs }},
+		{"completions logprobs", `{"choices":[{"text":"ab","logprobs":{"tokens":["a","b"],"token_logprobs":[0,0]}}]}`,
+			func(c *Chunk) bool { return c.Tokens == 2 && c.TokensFrom == SourceLogprobs }},
+		{"usage only", `{"id":"x","choices":[],"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}`,
+			func(c *Chunk) bool {
+				return c.UsageOnly() && c.PromptTokens == 12 && c.CompletionTokens == 2 && c.CachedTokens == 8
+			}},
+		{"continuous usage is not usage-only", `{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":5}}`,
+			func(c *Chunk) bool { return !c.UsageOnly() && c.Usage && c.Output }},
+		{"usage null", `{"choices":[{"delta":{"content":"a"}}],"usage":null}`, func(c *Chunk) bool { return !c.Usage }},
+		{"vllm error", `{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}`,
+			func(c *Chunk) bool { return c.Error && c.ErrorCode == 500 && string(c.ErrorType) == "InternalServerError" && !c.Rejection() }},
+		{"old vllm error", `{"object":"error","message":"x","type":"BadRequestError","code":400}`,
+			func(c *Chunk) bool { return c.Error && c.ErrorCode == 400 }},
+		{"tgi error", `{"error":"Model is overloaded","error_type":"overloaded"}`,
+			func(c *Chunk) bool { return c.Error && c.Rejection() }},
+		{"tgi openai error", `{"error":{"message":"m","http_status_code":422}}`, func(c *Chunk) bool { return c.Error && c.ErrorCode == 422 }},
+		{"overload error", `{"error":{"message":"busy","type":"overloaded","code":503}}`, func(c *Chunk) bool { return c.Error && c.Rejection() }},
+		{"code outside error ignored", `{"code":500,"choices":[]}`, func(c *Chunk) bool { return !c.Error && c.ErrorCode == 0 }},
+		{"malformed", `{"choices":[`, func(c *Chunk) bool { return c.Malformed }},
+		{"not an object", `"hello"`, func(c *Chunk) bool { return c.Malformed }},
+		{"trailing garbage", `{"a":1} x`, func(c *Chunk) bool { return c.Malformed }},
+		{"mismatched brackets", `{"a":[1}`, func(c *Chunk) bool { return c.Malformed }},
+		{"deep nesting is bounded", `{"a":` + string(bytes.Repeat([]byte("["), 5000)) + string(bytes.Repeat([]byte("]"), 5000)) + `}`,
+			func(c *Chunk) bool { return c.Malformed }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var ch Chunk
+			ParseOpenAI([]byte(c.in), &ch)
+			if !c.want(&ch) {
+				t.Fatalf("ParseOpenAI(%q) = %+v", c.in, ch)
+			}
+		})
+	}
+}
+
+func TestParseOpenAIZeroAllocs(t *testing.T) {
+	data := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":null,"finish_reason":null,"token_ids":[5]}]}`)
+	var c Chunk
+	if n := testing.AllocsPerRun(1000, func() { ParseOpenAI(data, &c) }); n != 0 {
+		t.Fatalf("ParseOpenAI allocates %.1f times per event", n)
+	}
+}
+
+// reference decodes with encoding/json, for the differential fuzz target.
+type refChunk struct {
+	Choices []struct {
+		Delta *struct {
+			Content   *string          `json:"content"`
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		Text *string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens *int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+func FuzzParseOpenAI(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"delta":{"content":"a"}}]}`, `[DONE]`, `{"choices":[],"usage":{"completion_tokens":3}}`,
+		`{"error":{"code":500}}`, `{"choices":[{"text":"x","logprobs":{"tokens":["x"]}}]}`, `{"a":[{"b":{}}],"c":"\"}"}`,
+		`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var c Chunk
+		ParseOpenAI(data, &c) // must not panic
+		if !json.Valid(data) || c.Done {
+			return
+		}
+		var top map[string]json.RawMessage
+		if json.Unmarshal(data, &top) != nil {
+			if !c.Malformed {
+				t.Fatalf("%q: not a JSON object, but not malformed", data)
+			}
+			return
+		}
+		if c.Malformed {
+			t.Fatalf("%q: a valid JSON object parsed as malformed", data)
+		}
+		var ref refChunk
+		if json.Unmarshal(data, &ref) != nil || bytes.Contains(data, []byte(`\u`)) || bytes.Contains(data, []byte(`"error"`)) || bytes.Contains(data, []byte(`"object"`)) {
+			return // types or escaped keys our reading need not agree on
+		}
+		if _, has := top["choices"]; has && len(ref.Choices) != c.Choices {
+			t.Fatalf("%q: %d choices, encoding/json says %d", data, c.Choices, len(ref.Choices))
+		}
+		output := false
+		for _, ch := range ref.Choices {
+			if ch.Delta != nil && ((ch.Delta.Content != nil && *ch.Delta.Content != "") || len(ch.Delta.ToolCalls) > 0) {
+				output = true
+			}
+			if ch.Text != nil && *ch.Text != "" {
+				output = true
+			}
+		}
+		if output && !c.Output {
+			t.Fatalf("%q: encoding/json sees output, ParseOpenAI does not", data)
+		}
+		if ref.Usage != nil && ref.Usage.CompletionTokens != nil && *ref.Usage.CompletionTokens < 1e15 && *ref.Usage.CompletionTokens > -1e15 {
+			if !c.Usage || c.CompletionTokens != *ref.Usage.CompletionTokens {
+				t.Fatalf("%q: completion_tokens %d (usage=%v), encoding/json says %d", data, c.CompletionTokens, c.Usage, *ref.Usage.CompletionTokens)
+			}
+		}
+	})
+}
+
+func FuzzFramer(f *testing.F) {
+	for _, s := range []string{
+		"data: a\n\n", "data: a\r\n\r\n", "data:a\r\rdata:b\r\r", ": c\n\ndata: x\ndata: y\n\n", "\xEF\xBB\xBFdata: z\n\n",
+		"event: error\ndata: {}\n\n", "data: [DONE]", "\n\n\ndata: 1\n\n",
+	} {
+		f.Add([]byte(s), uint16(3), uint16(7))
+	}
+	f.Fuzz(func(t *testing.T, in []byte, a, b uint16) {
+		whole := frameAll(string(in))
+		i, j := int(a)%(len(in)+1), int(b)%(len(in)+1)
+		if i > j {
+			i, j = j, i
+		}
+		split := frameAll(string(in[:i]), string(in[i:j]), string(in[j:]))
+		if len(whole) != len(split) {
+			t.Fatalf("%q split at %d,%d: %d events, whole: %d", in, i, j, len(split), len(whole))
+		}
+		var prev int64
+		for k := range whole {
+			w, s := whole[k], split[k]
+			if w.Data != s.Data || w.Name != s.Name || w.HasData != s.HasData || w.Start != s.Start || w.Partial != s.Partial {
+				t.Fatalf("%q split at %d,%d: event %d %+v, whole %+v", in, i, j, k, s, w)
+			}
+			if s.End != w.End && !(s.End+1 == w.End && in[s.End-1] == '\r' && in[s.End] == '\n') {
+				t.Fatalf("%q split at %d,%d: event %d ends at %d, whole at %d", in, i, j, k, s.End, w.End)
+			}
+			if w.Start < prev || w.End < w.Start || w.End > int64(len(in)) {
+				t.Fatalf("%q: bad range %+v", in, w)
+			}
+			prev = w.End
+		}
+	})
+}
