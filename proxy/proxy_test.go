@@ -198,12 +198,12 @@ type failObs struct {
 }
 
 func (f *failObs) Begin(record.API, string, string) record.Observation { return f }
-func (f *failObs) Gap(time.Duration)                                    { panic("observer bug") }
-func (f *failObs) ForwardDelay(time.Duration)                           {}
-func (f *failObs) Malformed()                                           {}
-func (f *failObs) UsageInjected()                                       {}
-func (f *failObs) TapFailed(r string)                                   { f.failures = append(f.failures, r) }
-func (f *failObs) End(*record.Record)                                   {}
+func (f *failObs) Gap(time.Duration)                                   { panic("observer bug") }
+func (f *failObs) ForwardDelay(time.Duration)                          {}
+func (f *failObs) Malformed()                                          {}
+func (f *failObs) UsageInjected()                                      {}
+func (f *failObs) TapFailed(r string)                                  { f.failures = append(f.failures, r) }
+func (f *failObs) End(*record.Record)                                  {}
 
 func TestTapFailsOpen(t *testing.T) {
 	events := []string{

@@ -42,7 +42,9 @@ func TestParseOpenAI(t *testing.T) {
 			func(c *Chunk) bool { return !c.UsageOnly() && c.Usage && c.Output }},
 		{"usage null", `{"choices":[{"delta":{"content":"a"}}],"usage":null}`, func(c *Chunk) bool { return !c.Usage }},
 		{"vllm error", `{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}`,
-			func(c *Chunk) bool { return c.Error && c.ErrorCode == 500 && string(c.ErrorType) == "InternalServerError" && !c.Rejection() }},
+			func(c *Chunk) bool {
+				return c.Error && c.ErrorCode == 500 && string(c.ErrorType) == "InternalServerError" && !c.Rejection()
+			}},
 		{"old vllm error", `{"object":"error","message":"x","type":"BadRequestError","code":400}`,
 			func(c *Chunk) bool { return c.Error && c.ErrorCode == 400 }},
 		{"tgi error", `{"error":"Model is overloaded","error_type":"overloaded"}`,
@@ -80,7 +82,7 @@ func TestParseOpenAIZeroAllocs(t *testing.T) {
 type refChunk struct {
 	Choices []struct {
 		Delta *struct {
-			Content   *string          `json:"content"`
+			Content   *string           `json:"content"`
 			ToolCalls []json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
 		Text *string `json:"text"`
