@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sidecar")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestBadConfigExits2NamingEveryProblem(t *testing.T) {
+	bin := build(t)
+	cmd := exec.Command(bin, "--upstream", "ftp://x", "--max-models", "0", "--log-level", "loud")
+	cmd.Env = append(os.Environ(), "TOKENTAP_SIM_ERROR_PROB=2")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2\n%s", err, out)
+	}
+	for _, want := range []string{
+		`upstream: scheme must be http or https, got "ftp"`,
+		"max_models: must be at least 1, got 0",
+		`log_level: must be debug, info, warn or error, got "loud"`,
+		"simulator.error_prob must be in [0,1]",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output does not name %q:\n%s", want, out)
+		}
+	}
+}
+
+// With no upstream the binary runs in front of its simulated engine, says
+// so loudly, serves a streaming chat completion and fills /metrics; on
+// SIGTERM it exits 0.
+func TestDefaultRunsSimulator(t *testing.T) {
+	bin := build(t)
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--sim.error-prob", "0")
+	cmd.Env = os.Environ()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stderr)
+	var proxy, metrics string
+	sawSim := false
+	re := regexp.MustCompile(`proxy=(http://\S+) .*metrics=(http://\S+)`)
+	for proxy == "" && sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "BUILT-IN SIMULATED ENGINE") {
+			sawSim = true
+		}
+		if m := re.FindStringSubmatch(line); m != nil {
+			proxy, metrics = m[1], m[2]
+		}
+	}
+	go io.Copy(io.Discard, stderr)
+	if !sawSim || proxy == "" {
+		t.Fatalf("did not announce the simulator (%v) or its address (%q)", sawSim, proxy)
+	}
+	resp, err := http.Post(proxy+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"demo","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || !strings.HasSuffix(string(body), "data: [DONE]\n\n") || strings.Count(string(body), `"content"`) < 5 {
+		t.Fatalf("stream:\n%s", body)
+	}
+	resp, err = http.Get(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_operation_name="chat",gen_ai_request_model="demo",traffic="live",le="0.001"}`,
+		`tokentap_inter_token_latency_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="demo",traffic="live"} `,
+		`tokentap_requests_total{gen_ai_operation_name="chat",gen_ai_request_model="demo",outcome="success",traffic="live"} 1`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit 10 s after SIGTERM")
+	}
+}
