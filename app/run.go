@@ -23,6 +23,7 @@ import (
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/simengine"
+	"github.com/tokentap/tokentap/slo"
 )
 
 // UsageError is a bad flag, environment variable or config file: the
@@ -84,6 +85,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	log := slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))
 
 	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models})
+	judge := slo.NewJudge(cfg.SLO, metrics.Registry, metrics)
 	var sinks record.Sinks
 	switch cfg.Records {
 	case "":
@@ -120,7 +122,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	up, _ := url.Parse(addrs.Upstream)
 	px, err := proxy.New(proxy.Options{
 		Upstream:    up,
-		Observer:    metrics,
+		Observer:    judge,
 		Records:     sinks,
 		Logger:      log,
 		InjectUsage: cfg.InjectUsage,
@@ -150,6 +152,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	}))
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	admin.Handle("GET /readyz", ready)
+	admin.Handle("GET /slo", judge)
 
 	proxySrv := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
 	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}

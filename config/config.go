@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tokentap/tokentap/simengine"
+	"github.com/tokentap/tokentap/slo"
 )
 
 // Config is the whole configuration. The zero value is not useful; start
@@ -55,6 +56,9 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// Simulator configures the built-in engine used when Upstream is empty.
 	Simulator simengine.Config `yaml:"simulator"`
+	// SLO declares the service level objectives, request classes and the
+	// stall threshold (docs/slo.md).
+	SLO slo.Config `yaml:"slo"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -251,5 +255,6 @@ func (c *Config) Validate() []error {
 	for _, p := range c.Simulator.Validate() {
 		errs = append(errs, errors.New(p))
 	}
+	errs = append(errs, c.SLO.WithDefaults().Validate()...)
 	return errs
 }

@@ -79,7 +79,23 @@ type Metrics struct {
 	usageInjected                prometheus.Counter
 	malformed                    *prometheus.CounterVec
 	upstreamUp                   prometheus.Gauge
+	stalls, maxGap               *prometheus.HistogramVec
+	ttftClass, tpotClass         *prometheus.HistogramVec
 }
+
+// Buckets of the smoothness and class histograms.
+var (
+	StallBuckets     = []float64{0, 1, 2, 3, 5, 10, 20, 50}
+	GapBuckets       = []float64{0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30}
+	ClassTTFTBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60}
+	ClassTPOTBuckets = []float64{0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1}
+)
+
+// Class labels.
+const (
+	LabelPromptClass = "prompt_class"
+	LabelOutputClass = "output_class"
+)
 
 func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -155,6 +171,18 @@ func New(cfg Config) *Metrics {
 			Name: "tokentap_malformed_events_total",
 			Help: "Protocol events that could not be parsed; they were forwarded unchanged.",
 		}, []string{LabelOperation}),
+		stalls: histogram("tokentap_stalls_per_request",
+			"Per-request count of gaps between token events above the stall threshold; streamed requests with tokens.",
+			StallBuckets, base...),
+		maxGap: histogram("tokentap_max_inter_token_gap_seconds",
+			"Per-request largest gap between consecutive token events (request-weighted); streamed requests with at least 2 token events.",
+			GapBuckets, base...),
+		ttftClass: histogram("tokentap_time_to_first_token_by_class_seconds",
+			"TTFT by request class (prompt and output length classes, see docs/slo.md): prefill cost per class.",
+			ClassTTFTBuckets, LabelModel, LabelTraffic, LabelPromptClass, LabelOutputClass),
+		tpotClass: histogram("tokentap_time_per_output_token_by_class_seconds",
+			"TPOT by request class.",
+			ClassTPOTBuckets, LabelModel, LabelTraffic, LabelPromptClass, LabelOutputClass),
 		upstreamUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tokentap_upstream_up",
 			Help: "1 if the last readiness check of the upstream succeeded, else 0.",
@@ -162,7 +190,7 @@ func New(cfg Config) *Metrics {
 	}
 	m.Registry.MustRegister(m.ttft, m.ttfot, m.ttfb, m.tpot, m.itl, m.duration, m.forward,
 		m.inTokens, m.outTokens, m.requests, m.inFlight, m.tapFailures, m.usageInjected,
-		m.malformed, m.upstreamUp,
+		m.malformed, m.upstreamUp, m.stalls, m.maxGap, m.ttftClass, m.tpotClass,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{"panic", "event_too_large"} {
 		m.tapFailures.WithLabelValues(r)
@@ -241,6 +269,19 @@ func (q *Request) End(r *record.Record) {
 		}
 		if d, ok := r.TPOT(); ok {
 			m.tpot.WithLabelValues(l...).Observe(d.Seconds())
+		}
+		// Smoothness and classes are set by the SLO judge, when one runs.
+		if r.PromptClass != "" && r.TokenEvents() > 0 {
+			m.stalls.WithLabelValues(q.op, q.model, q.traffic).Observe(float64(r.Stalls))
+			if r.TokenEvents() >= 2 {
+				m.maxGap.WithLabelValues(q.op, q.model, q.traffic).Observe(r.MaxGap.Seconds())
+			}
+			if d, ok := r.TTFT(); ok {
+				m.ttftClass.WithLabelValues(q.model, q.traffic, r.PromptClass, r.OutputClass).Observe(d.Seconds())
+			}
+			if d, ok := r.TPOT(); ok {
+				m.tpotClass.WithLabelValues(q.model, q.traffic, r.PromptClass, r.OutputClass).Observe(d.Seconds())
+			}
 		}
 	}
 	if r.InputTokens > 0 {

@@ -111,6 +111,32 @@ type Record struct {
 	perEventKnown  bool
 	// MaxGap is the largest gap between consecutive token-bearing events.
 	MaxGap time.Duration
+	// Stalls counts gaps above the configured stall threshold; set when
+	// the request is judged (package slo).
+	Stalls int
+	// PromptClass and OutputClass are the request classes by input and
+	// output tokens; "" until judged, "unknown" when the count is unknown.
+	PromptClass, OutputClass string
+	// SLO holds one verdict per declared SLO whose scope the request is in.
+	SLO []Verdict
+}
+
+// Verdict is a request's judgement against one SLO (MEASUREMENT.md §5).
+type Verdict struct {
+	Name string
+	// Qualified: the outcome was success and every applicable threshold held.
+	Qualified bool
+	// Excluded: left out of the denominator by the SLO's declared option
+	// (client cancellations, when count_cancelled is false).
+	Excluded bool
+	// Failed names each threshold that failed, or the outcome
+	// (error, rejected, timeout, cancelled) when it was not success.
+	Failed []string
+	// NotApplicable names thresholds that do not apply to this request
+	// (TPOT for a one-token answer).
+	NotApplicable []string
+	// Fluidity is the request's fluidity score, when the SLO has one.
+	Fluidity *float64
 }
 
 // Reset clears r for reuse, keeping the capacity of its slices.
@@ -299,6 +325,17 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	d, ok = r.E2E()
 	opt("e2e_ms", d, ok)
 	opt("max_itl_ms", r.MaxGap, len(r.TokenAt) >= 2)
+	if r.PromptClass != "" {
+		num("stalls", int64(r.Stalls))
+		str("prompt_class", r.PromptClass)
+		str("output_class", r.OutputClass)
+	}
+	if len(r.SLO) > 0 {
+		b = append(b, `"slo":`...)
+		enc, _ := json.Marshal(verdictsJSON(r.SLO))
+		b = append(b, enc...)
+		b = append(b, ',')
+	}
 	b[len(b)-1] = '}'
 	return b, nil
 }
@@ -306,4 +343,27 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 func appendJSONString(b []byte, s string) []byte {
 	enc, _ := json.Marshal(s)
 	return append(b, enc...)
+}
+
+type verdictJSON struct {
+	Name          string   `json:"name"`
+	Qualified     bool     `json:"qualified"`
+	Excluded      bool     `json:"excluded,omitempty"`
+	Failed        []string `json:"failed"`
+	NotApplicable []string `json:"not_applicable"`
+	Fluidity      *float64 `json:"fluidity,omitempty"`
+}
+
+func verdictsJSON(vs []Verdict) []verdictJSON {
+	out := make([]verdictJSON, len(vs))
+	for i, v := range vs {
+		out[i] = verdictJSON{v.Name, v.Qualified, v.Excluded, v.Failed, v.NotApplicable, v.Fluidity}
+		if out[i].Failed == nil {
+			out[i].Failed = []string{}
+		}
+		if out[i].NotApplicable == nil {
+			out[i].NotApplicable = []string{}
+		}
+	}
+	return out
 }

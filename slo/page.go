@@ -1,0 +1,117 @@
+package slo
+
+import (
+	"encoding/json"
+	"html/template"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Status is one SLO's state over this instance's sliding window.
+type Status struct {
+	Name                string   `json:"name"`
+	Target              float64  `json:"target"`
+	WindowSeconds       float64  `json:"window_seconds"`
+	SpanSeconds         float64  `json:"span_seconds"` // the part of the window with data
+	Offered             int64    `json:"offered"`
+	Qualified           int64    `json:"qualified"`
+	Attainment          *float64 `json:"attainment"`         // null with no requests
+	AttainmentLower95   float64  `json:"attainment_lower95"` // one-sided 95% Wilson lower bound
+	AttainmentUpper95   float64  `json:"attainment_upper95"` // one-sided 95% Wilson upper bound
+	Verdict             string   `json:"verdict"`            // met, missed or not_proven
+	GoodputRequestsRate float64  `json:"goodput_requests_per_second"`
+	GoodputTokensRate   float64  `json:"goodput_tokens_per_second"`
+	TopFailures         []Reason `json:"top_failures"`
+}
+
+// Reason is a failure reason and its count.
+type Reason struct {
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// Page is the /slo document.
+type Page struct {
+	Scope     string    `json:"scope"`
+	Generated time.Time `json:"generated"`
+	SLOs      []Status  `json:"slos"`
+}
+
+// Status computes every SLO's status at now.
+func (j *Judge) Status(now time.Time) Page {
+	p := Page{Scope: "this sidecar instance only, over its own sliding window; fleet-wide attainment comes from Prometheus (slo:tokentap_* recording rules)", Generated: now.UTC()}
+	for i, o := range j.cfg.Objectives {
+		off, qual, tok, fails, span := j.windows[i].Totals(now)
+		s := Status{Name: o.Name, Target: o.Target, WindowSeconds: o.Window.Seconds(), SpanSeconds: span.Seconds(),
+			Offered: off, Qualified: qual, TopFailures: []Reason{}}
+		s.AttainmentLower95 = WilsonLower(float64(qual), float64(off), Z95)
+		s.AttainmentUpper95 = WilsonUpper(float64(qual), float64(off), Z95)
+		if off > 0 {
+			a := float64(qual) / float64(off)
+			s.Attainment = &a
+		}
+		switch {
+		case off > 0 && s.AttainmentLower95 >= o.Target:
+			s.Verdict = "met"
+		case off > 0 && s.AttainmentUpper95 < o.Target:
+			s.Verdict = "missed"
+		default:
+			s.Verdict = "not_proven"
+		}
+		if secs := math.Max(span.Seconds(), 1); off > 0 {
+			s.GoodputRequestsRate = float64(qual) / secs
+			s.GoodputTokensRate = float64(tok) / secs
+		}
+		for k, v := range fails {
+			s.TopFailures = append(s.TopFailures, Reason{k, v})
+		}
+		sort.Slice(s.TopFailures, func(a, b int) bool {
+			fa, fb := s.TopFailures[a], s.TopFailures[b]
+			return fa.Count > fb.Count || (fa.Count == fb.Count && fa.Reason < fb.Reason)
+		})
+		if len(s.TopFailures) > 5 {
+			s.TopFailures = s.TopFailures[:5]
+		}
+		p.SLOs = append(p.SLOs, s)
+	}
+	return p
+}
+
+var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
+	"pct":   func(f float64) string { return fmtFloat(f*100) + "%" },
+	"num":   fmtFloat,
+	"deref": func(f *float64) float64 { return *f },
+}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap SLOs</title>
+<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#eee}.met{color:#070}.missed{color:#b00}</style></head><body>
+<h1>SLO attainment: this instance's view</h1><p>{{.Scope}}. Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
+<table><tr><th>SLO</th><th>target</th><th>window</th><th>offered</th><th>qualified</th><th>attainment</th><th>95% bounds</th><th>verdict</th><th>goodput req/s</th><th>goodput tok/s</th><th>top failures</th></tr>
+{{range .SLOs}}<tr><td style="text-align:left">{{.Name}}</td><td>{{pct .Target}}</td><td>{{num .WindowSeconds}} s</td><td>{{.Offered}}</td><td>{{.Qualified}}</td>
+<td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>
+<td class="{{.Verdict}}">{{.Verdict}}</td><td>{{num .GoodputRequestsRate}}</td><td>{{num .GoodputTokensRate}}</td>
+<td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>
+<p>met: the 95% lower bound is at or above target; missed: the 95% upper bound is below target; not_proven: the evidence does not decide.</p></body></html>`))
+
+func fmtFloat(f float64) string {
+	return strings.TrimRight(strings.TrimRight(strconvFormat(f), "0"), ".")
+}
+
+// ServeHTTP serves /slo: HTML for browsers, JSON for ?format=json or an
+// Accept header that prefers application/json.
+func (j *Judge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := j.Status(j.clock())
+	if r.URL.Query().Get("format") == "json" || (strings.Contains(r.Header.Get("Accept"), "application/json") && !strings.Contains(r.Header.Get("Accept"), "text/html")) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(p)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	pageHTML.Execute(w, p)
+}
+
+func strconvFormat(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }
