@@ -289,3 +289,22 @@ func ExampleWilsonLower() {
 	fmt.Printf("%.4f %.4f %.4f\n", WilsonLower(20, 20, Z95), WilsonLower(95, 100, Z95), WilsonLower(0, 50, Z95))
 	// Output: 0.8808 0.9008 0.0000
 }
+
+// The verdict, classes and stall count reach the record's JSON.
+func TestVerdictInRecord(t *testing.T) {
+	o := objective()
+	o.Thresholds.Fluidity = 0
+	j := NewJudge(Config{Objectives: []Objective{o}, StallThreshold: 30 * ms}, prometheus.NewRegistry(), nil)
+	r := rec(record.Success, 1, 100)
+	j.Begin(r.API, r.Model, r.Traffic).End(r)
+	b, _ := r.MarshalJSON()
+	want := `"stalls":0,"prompt_class":"short","output_class":"short","slo":[{"name":"chat","qualified":false,"failed":["output_tokens"],"not_applicable":["tpot","max_itl"]}]}`
+	if !strings.HasSuffix(string(b), want) {
+		t.Fatalf("record JSON\n%s\ndoes not end with\n%s", b, want)
+	}
+	r = good() // gaps of 40 ms > 30 ms: 4 stalls
+	j.Begin(r.API, r.Model, r.Traffic).End(r)
+	if r.Stalls != 4 {
+		t.Fatalf("stalls %d, want 4", r.Stalls)
+	}
+}
