@@ -23,6 +23,7 @@ const (
 	LabelErrorType = "error_type"
 	LabelReason    = "reason"
 	LabelModality  = "gen_ai_token_modality"
+	LabelProbe     = "probe"
 )
 
 // Bucket boundaries (seconds). Each is a superset of the OTel GenAI
@@ -113,7 +114,7 @@ func histogram(name, help string, buckets []float64, labels ...string) *promethe
 // New registers every instrument on a fresh registry, together with the
 // Go runtime and process collectors.
 func New(cfg Config) *Metrics {
-	base := []string{LabelOperation, LabelModel, LabelTraffic}
+	base := []string{LabelOperation, LabelModel, LabelTraffic, LabelProbe}
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		models:   NewModelLabels(cfg.MaxModels, cfg.Models),
@@ -158,7 +159,7 @@ func New(cfg Config) *Metrics {
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tokentap_requests_in_flight",
 			Help: "Requests that arrived and have not reached their terminal outcome.",
-		}, []string{LabelOperation, LabelTraffic}),
+		}, []string{LabelOperation, LabelTraffic, LabelProbe}),
 		tapFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokentap_tap_failures_total",
 			Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason.",
@@ -179,10 +180,10 @@ func New(cfg Config) *Metrics {
 			GapBuckets, base...),
 		ttftClass: histogram("tokentap_time_to_first_token_by_class_seconds",
 			"TTFT by request class (prompt and output length classes, see docs/slo.md): prefill cost per class.",
-			ClassTTFTBuckets, LabelModel, LabelTraffic, LabelPromptClass, LabelOutputClass),
+			ClassTTFTBuckets, LabelModel, LabelTraffic, LabelProbe, LabelPromptClass, LabelOutputClass),
 		tpotClass: histogram("tokentap_time_per_output_token_by_class_seconds",
 			"TPOT by request class.",
-			ClassTPOTBuckets, LabelModel, LabelTraffic, LabelPromptClass, LabelOutputClass),
+			ClassTPOTBuckets, LabelModel, LabelTraffic, LabelProbe, LabelPromptClass, LabelOutputClass),
 		upstreamUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tokentap_upstream_up",
 			Help: "1 if the last readiness check of the upstream succeeded, else 0.",
@@ -213,17 +214,17 @@ func (m *Metrics) TapFailed(reason string) { m.tapFailures.WithLabelValues(reaso
 // Request holds the observers of one request, resolved once at its start
 // so that per-event observations take no lock and allocate nothing.
 type Request struct {
-	m                  *Metrics
-	op, model, traffic string
-	itl                prometheus.Observer
+	m                         *Metrics
+	op, model, traffic, probe string
+	itl                       prometheus.Observer
 }
 
 // Begin starts observing a request; call End exactly once. It implements
 // record.Observer.
-func (m *Metrics) Begin(api record.API, model, traffic string) record.Observation {
-	op := api.Operation()
-	q := &Request{m: m, op: op, model: m.models.Label(model), traffic: traffic}
-	m.inFlight.WithLabelValues(op, traffic).Inc()
+func (m *Metrics) Begin(k record.Key) record.Observation {
+	op := k.API.Operation()
+	q := &Request{m: m, op: op, model: m.models.Label(k.Model), traffic: k.Traffic, probe: k.Probe}
+	m.inFlight.WithLabelValues(op, k.Traffic, k.Probe).Inc()
 	return q
 }
 
@@ -231,7 +232,7 @@ func (m *Metrics) Begin(api record.API, model, traffic string) record.Observatio
 // gap, so non-streaming requests create no empty ITL series.
 func (q *Request) Gap(d time.Duration) {
 	if q.itl == nil {
-		q.itl = q.m.itl.WithLabelValues(q.op, q.model, q.traffic)
+		q.itl = q.m.itl.WithLabelValues(q.op, q.model, q.traffic, q.probe)
 	}
 	q.itl.Observe(d.Seconds())
 }
@@ -251,11 +252,11 @@ func (q *Request) TapFailed(reason string) { q.m.TapFailed(reason) }
 // End observes the finished record.
 func (q *Request) End(r *record.Record) {
 	m := q.m
-	m.inFlight.WithLabelValues(q.op, q.traffic).Dec()
-	l := []string{q.op, q.model, q.traffic}
-	m.requests.WithLabelValues(q.op, q.model, q.traffic, string(r.Outcome)).Inc()
+	m.inFlight.WithLabelValues(q.op, q.traffic, q.probe).Dec()
+	l := []string{q.op, q.model, q.traffic, q.probe}
+	m.requests.WithLabelValues(q.op, q.model, q.traffic, q.probe, string(r.Outcome)).Inc()
 	if d, ok := r.E2E(); ok {
-		m.duration.WithLabelValues(q.op, q.model, q.traffic, r.ErrorType).Observe(d.Seconds())
+		m.duration.WithLabelValues(q.op, q.model, q.traffic, q.probe, r.ErrorType).Observe(d.Seconds())
 	}
 	if d, ok := r.TTFB(); ok {
 		m.ttfb.WithLabelValues(l...).Observe(d.Seconds())
@@ -272,22 +273,22 @@ func (q *Request) End(r *record.Record) {
 		}
 		// Smoothness and classes are set by the SLO judge, when one runs.
 		if r.PromptClass != "" && r.TokenEvents() > 0 {
-			m.stalls.WithLabelValues(q.op, q.model, q.traffic).Observe(float64(r.Stalls))
+			m.stalls.WithLabelValues(l...).Observe(float64(r.Stalls))
 			if r.TokenEvents() >= 2 {
-				m.maxGap.WithLabelValues(q.op, q.model, q.traffic).Observe(r.MaxGap.Seconds())
+				m.maxGap.WithLabelValues(l...).Observe(r.MaxGap.Seconds())
 			}
 			if d, ok := r.TTFT(); ok {
-				m.ttftClass.WithLabelValues(q.model, q.traffic, r.PromptClass, r.OutputClass).Observe(d.Seconds())
+				m.ttftClass.WithLabelValues(q.model, q.traffic, q.probe, r.PromptClass, r.OutputClass).Observe(d.Seconds())
 			}
 			if d, ok := r.TPOT(); ok {
-				m.tpotClass.WithLabelValues(q.model, q.traffic, r.PromptClass, r.OutputClass).Observe(d.Seconds())
+				m.tpotClass.WithLabelValues(q.model, q.traffic, q.probe, r.PromptClass, r.OutputClass).Observe(d.Seconds())
 			}
 		}
 	}
 	if r.InputTokens > 0 {
-		m.inTokens.WithLabelValues(q.op, q.model, q.traffic, "text").Add(float64(r.InputTokens))
+		m.inTokens.WithLabelValues(q.op, q.model, q.traffic, q.probe, "text").Add(float64(r.InputTokens))
 	}
 	if r.OutputTokens > 0 {
-		m.outTokens.WithLabelValues(q.op, q.model, q.traffic, "text").Add(float64(r.OutputTokens))
+		m.outTokens.WithLabelValues(q.op, q.model, q.traffic, q.probe, "text").Add(float64(r.OutputTokens))
 	}
 }

@@ -36,7 +36,7 @@ func BenchmarkTapEvent(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			m := exporter.New(exporter.Config{})
-			st := &reqState{rec: record.New(1024), obs: m.Begin(record.APIChat, "m", "live"), clock: record.SystemClock{}}
+			st := &reqState{rec: record.New(1024), obs: m.Begin(record.Key{API: record.APIChat, Model: "m", Traffic: "live"}), clock: record.SystemClock{}}
 			st.rec.Arrive = time.Now()
 			tp := newTap(&loopReader{ev: ev}, st, bodySSE, strip, 1<<20)
 			p := make([]byte, 32<<10)

@@ -58,6 +58,14 @@ type Options struct {
 	Timeout time.Duration
 	// Traffic labels the records and metrics. Empty means "live".
 	Traffic string
+	// Probe names the canary probe this proxy carries; "" for live traffic.
+	Probe string
+	// ProbeHeader, when set, marks requests that carry it with this exact
+	// value as the sidecar's own probes passing through: the header is
+	// removed and the request is forwarded without being recorded (the
+	// probe records it itself), so canary traffic never mixes into live
+	// series.
+	ProbeHeader string
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -133,6 +141,9 @@ func New(opts Options) (*Proxy, error) {
 	return p, nil
 }
 
+// ProbeHeaderName carries Options.ProbeHeader on the sidecar's own probes.
+const ProbeHeaderName = "X-Tokentap-Probe"
+
 type stateKey struct{}
 
 // reqState is one request in flight. It is used by one goroutine at a
@@ -154,6 +165,15 @@ type reqState struct {
 
 // ServeHTTP proxies one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.opts.ProbeHeader != "" {
+		if v := r.Header.Get(ProbeHeaderName); v != "" {
+			r.Header.Del(ProbeHeaderName)
+			if v == p.opts.ProbeHeader { // our own probe: it records itself
+				p.rp.ServeHTTP(w, r)
+				return
+			}
+		}
+	}
 	arrive := p.clock.Now()
 	api := classify(r)
 	info := requestInfo{API: api}
@@ -164,7 +184,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The client's body broke while we read it: nothing can be forwarded.
 			rec := record.New(0)
 			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
-			obs := p.opts.Observer.Begin(api, "", p.opts.Traffic)
+			obs := p.opts.Observer.Begin(record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			if r.Context().Err() == nil {
 				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, http.StatusBadRequest
@@ -189,7 +209,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.API, rec.Model, rec.Stream, rec.MaxTokens = info.API, info.Model, info.Stream, info.MaxTokens
 	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
-	st.obs = p.opts.Observer.Begin(info.API, info.Model, p.opts.Traffic)
+	st.obs = p.opts.Observer.Begin(record.Key{API: info.API, Model: info.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe})
 	if rewritten != nil {
 		st.injected = true
 		rec.UsageInjected = true

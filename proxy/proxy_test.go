@@ -197,13 +197,13 @@ type failObs struct {
 	failures []string
 }
 
-func (f *failObs) Begin(record.API, string, string) record.Observation { return f }
-func (f *failObs) Gap(time.Duration)                                   { panic("observer bug") }
-func (f *failObs) ForwardDelay(time.Duration)                          {}
-func (f *failObs) Malformed()                                          {}
-func (f *failObs) UsageInjected()                                      {}
-func (f *failObs) TapFailed(r string)                                  { f.failures = append(f.failures, r) }
-func (f *failObs) End(*record.Record)                                  {}
+func (f *failObs) Begin(record.Key) record.Observation { return f }
+func (f *failObs) Gap(time.Duration)                   { panic("observer bug") }
+func (f *failObs) ForwardDelay(time.Duration)          {}
+func (f *failObs) Malformed()                          {}
+func (f *failObs) UsageInjected()                      {}
+func (f *failObs) TapFailed(r string)                  { f.failures = append(f.failures, r) }
+func (f *failObs) End(*record.Record)                  {}
 
 func TestTapFailsOpen(t *testing.T) {
 	events := []string{

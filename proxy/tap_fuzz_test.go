@@ -34,7 +34,7 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 func (c *chunkReader) Close() error { return nil }
 
 func newTestState() *reqState {
-	return &reqState{rec: record.New(16), obs: record.Nop{}.Begin("", "", ""), clock: record.SystemClock{}}
+	return &reqState{rec: record.New(16), obs: record.Nop{}.Begin(record.Key{}), clock: record.SystemClock{}}
 }
 
 // expectStripped frames the whole input at once and removes every complete

@@ -6,7 +6,16 @@ import "time"
 // implements it; the proxy and the probe call it. Begin is called once per
 // request, at arrival.
 type Observer interface {
-	Begin(api API, model, traffic string) Observation
+	Begin(k Key) Observation
+}
+
+// Key names the series a request is observed under; every field is a
+// bounded label value except Model, which the exporter bounds itself.
+type Key struct {
+	API     API
+	Model   string
+	Traffic string // "live" or "canary"
+	Probe   string // the probe's name for canary traffic; "" for live
 }
 
 // Observation receives the live observations of one request. Gap and
@@ -36,7 +45,7 @@ func (SystemClock) Now() time.Time { return time.Now() }
 type Nop struct{}
 
 // Begin returns a no-op observation.
-func (Nop) Begin(API, string, string) Observation { return nopObs{} }
+func (Nop) Begin(Key) Observation { return nopObs{} }
 
 type nopObs struct{}
 

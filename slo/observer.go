@@ -72,8 +72,8 @@ func NewJudge(cfg Config, reg prometheus.Registerer, next record.Observer) *Judg
 func (j *Judge) Config() Config { return j.cfg }
 
 // Begin implements record.Observer.
-func (j *Judge) Begin(api record.API, model, traffic string) record.Observation {
-	return &judged{Observation: j.next.Begin(api, model, traffic), j: j}
+func (j *Judge) Begin(k record.Key) record.Observation {
+	return &judged{Observation: j.next.Begin(k), j: j}
 }
 
 type judged struct {

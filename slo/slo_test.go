@@ -127,7 +127,7 @@ func TestDenominator(t *testing.T) {
 	for _, r := range []*record.Record{
 		good(), rec(record.Error, 0), rec(record.Rejected, 0), rec(record.Timeout, 1, 100), rec(record.Cancelled, 2, 100, 130),
 	} {
-		obs := j.Begin(r.API, r.Model, r.Traffic)
+		obs := j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
 		obs.End(r)
 	}
 	check := func(what string, c prometheus.Collector, want float64) {
@@ -296,14 +296,14 @@ func TestVerdictInRecord(t *testing.T) {
 	o.Thresholds.Fluidity = 0
 	j := NewJudge(Config{Objectives: []Objective{o}, StallThreshold: 30 * ms}, prometheus.NewRegistry(), nil)
 	r := rec(record.Success, 1, 100)
-	j.Begin(r.API, r.Model, r.Traffic).End(r)
+	j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
 	b, _ := r.MarshalJSON()
 	want := `"stalls":0,"prompt_class":"short","output_class":"short","slo":[{"name":"chat","qualified":false,"failed":["output_tokens"],"not_applicable":["tpot","max_itl"]}]}`
 	if !strings.HasSuffix(string(b), want) {
 		t.Fatalf("record JSON\n%s\ndoes not end with\n%s", b, want)
 	}
 	r = good() // gaps of 40 ms > 30 ms: 4 stalls
-	j.Begin(r.API, r.Model, r.Traffic).End(r)
+	j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
 	if r.Stalls != 4 {
 		t.Fatalf("stalls %d, want 4", r.Stalls)
 	}

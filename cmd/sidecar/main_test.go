@@ -92,9 +92,9 @@ func TestDefaultRunsSimulator(t *testing.T) {
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{
-		`gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_operation_name="chat",gen_ai_request_model="demo",traffic="live",le="0.001"}`,
-		`tokentap_inter_token_latency_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="demo",traffic="live"} `,
-		`tokentap_requests_total{gen_ai_operation_name="chat",gen_ai_request_model="demo",outcome="success",traffic="live"} 1`,
+		`gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_operation_name="chat",gen_ai_request_model="demo",probe="",traffic="live",le="0.001"}`,
+		`tokentap_inter_token_latency_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="demo",probe="",traffic="live"} `,
+		`tokentap_requests_total{gen_ai_operation_name="chat",gen_ai_request_model="demo",outcome="success",probe="",traffic="live"} 1`,
 	} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("/metrics lacks %s", want)
