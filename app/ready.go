@@ -18,6 +18,7 @@ type readiness struct {
 	url     string
 	client  *http.Client
 	metrics *exporter.Metrics
+	probes  interface{ Ready() (bool, string) }
 	mu      sync.Mutex
 	at      time.Time
 	ok      bool
@@ -64,6 +65,11 @@ func (r *readiness) check(ctx context.Context) (bool, string) {
 
 func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ok, why := r.check(req.Context())
+	if ok && r.probes != nil {
+		if pok, pwhy := r.probes.Ready(); !pok {
+			ok, why = false, pwhy
+		}
+	}
 	if !ok {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}

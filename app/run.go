@@ -5,6 +5,8 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/simengine"
@@ -120,7 +123,9 @@ func Run(ctx context.Context, args []string, env Env) error {
 			"simulator", addrs.Upstream, "model", eng.Config().Model)
 	}
 	up, _ := url.Parse(addrs.Upstream)
+	probeSecret := randomHex(16)
 	px, err := proxy.New(proxy.Options{
+		ProbeHeader: probeSecret,
 		Upstream:    up,
 		Observer:    judge,
 		Records:     sinks,
@@ -144,7 +149,17 @@ func Run(ctx context.Context, args []string, env Env) error {
 	}
 	addrs.Proxy, addrs.Admin = pln.Addr().String(), aln.Addr().String()
 
+	probes := cfg.Probes
+	if addrs.Simulated && len(probes.Probes) == 0 {
+		probes.Probes = []probe.Def{DefaultSimProbe()}
+	}
+	probes = probes.WithDefaults(cfg.Simulator.Model)
+	sidecarURL, _ := url.Parse("http://" + addrs.Proxy)
+	prober := probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
+		Observer: judge, Records: sinks, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
+
 	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
+	ready.probes = prober
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
 		EnableOpenMetrics: true,
@@ -153,6 +168,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	admin.Handle("GET /readyz", ready)
 	admin.Handle("GET /slo", judge)
+	admin.Handle("GET /probes", prober)
 
 	proxySrv := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
 	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
@@ -161,6 +177,12 @@ func Run(ctx context.Context, args []string, env Env) error {
 	go func() { errc <- adminSrv.Serve(aln) }()
 	log.Info("tokentap is up", "proxy", "http://"+addrs.Proxy, "upstream", addrs.Upstream,
 		"metrics", "http://"+addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
+	probeCtx, stopProbes := context.WithCancel(context.Background())
+	probesDone := make(chan struct{})
+	go func() { prober.Run(probeCtx); close(probesDone) }()
+	if len(probes.Probes) > 0 {
+		log.Info("canary probes running", "probes", len(probes.Probes))
+	}
 	if env.Ready != nil {
 		env.Ready(addrs)
 	}
@@ -171,6 +193,8 @@ func Run(ctx context.Context, args []string, env Env) error {
 	case err := <-errc:
 		runErr = err
 	}
+	stopProbes() // probes stop first: a probe due now is recorded as not_sent
+	<-probesDone
 	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer scancel()
@@ -197,4 +221,19 @@ func flattenJoin(err error) []error {
 		return out
 	}
 	return []error{err}
+}
+
+// DefaultSimProbe is the probe that runs with the built-in simulator when
+// no probe is declared: a shape-controlled request (ignore_eos) whose
+// answer must have exactly max_tokens tokens and finish by length.
+func DefaultSimProbe() probe.Def {
+	return probe.Def{Name: "sim-canary", Interval: 5 * time.Second, MaxTokens: 8, IgnoreEOS: true,
+		Prompt: "tokentap canary: say eight words.",
+		Expect: probe.Expect{FinishReason: "length", OutputTokensMin: 8, OutputTokensMax: 8}}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
 )
@@ -59,6 +60,9 @@ type Config struct {
 	// SLO declares the service level objectives, request classes and the
 	// stall threshold (docs/slo.md).
 	SLO slo.Config `yaml:"slo"`
+	// Probes declares the canary probes (docs/probe.md). With the built-in
+	// simulator and no probes declared, one default probe runs.
+	Probes probe.Config `yaml:"probes"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -256,5 +260,6 @@ func (c *Config) Validate() []error {
 		errs = append(errs, errors.New(p))
 	}
 	errs = append(errs, c.SLO.WithDefaults().Validate()...)
+	errs = append(errs, c.Probes.Validate()...)
 	return errs
 }

@@ -22,6 +22,10 @@ const (
 	Rejected  Outcome = "rejected"
 	Cancelled Outcome = "cancelled"
 	Timeout   Outcome = "timeout"
+	// NotSent is the canary probe's record of a scheduled probe that could
+	// not be sent (MEASUREMENT.md §7). It is never a proxied request's
+	// outcome and never counted as one.
+	NotSent Outcome = "not_sent"
 )
 
 // Outcomes lists every outcome, for pre-initialising label sets.
@@ -119,6 +123,17 @@ type Record struct {
 	PromptClass, OutputClass string
 	// SLO holds one verdict per declared SLO whose scope the request is in.
 	SLO []Verdict
+	// Probe is set on canary probe records.
+	Probe *ProbeInfo
+}
+
+// ProbeInfo is what a canary record adds.
+type ProbeInfo struct {
+	Name      string
+	Scheduled time.Time // the open-loop schedule's instant; Arrive is when it was sent
+	Result    string    // success, failed, not_sent
+	Check     string    // the quality check that failed, if any
+	Failure   string    // why it failed
 }
 
 // Verdict is a request's judgement against one SLO (MEASUREMENT.md §5).
@@ -329,6 +344,13 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		num("stalls", int64(r.Stalls))
 		str("prompt_class", r.PromptClass)
 		str("output_class", r.OutputClass)
+	}
+	if p := r.Probe; p != nil {
+		enc, _ := json.Marshal(map[string]any{"name": p.Name, "scheduled": p.Scheduled.UTC().Format(time.RFC3339Nano),
+			"schedule_lag_ms": ms(r.Arrive.Sub(p.Scheduled)), "result": p.Result, "failed_check": p.Check, "failure": p.Failure})
+		b = append(b, `"probe":`...)
+		b = append(b, enc...)
+		b = append(b, ',')
 	}
 	if len(r.SLO) > 0 {
 		b = append(b, `"slo":`...)

@@ -1,0 +1,88 @@
+package probe
+
+import (
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Page is the /probes document.
+type Page struct {
+	Generated time.Time     `json:"generated"`
+	Probes    []ProbeStatus `json:"probes"`
+}
+
+// ProbeStatus is one probe's definition summary and history.
+type ProbeStatus struct {
+	Name                string   `json:"name"`
+	API                 string   `json:"api"`
+	Target              string   `json:"target"`
+	Schedule            string   `json:"schedule"`
+	IntervalSeconds     float64  `json:"interval_seconds"`
+	ConsecutiveFailures int      `json:"consecutive_failures"`
+	Recent              []Result `json:"recent"`
+	Failures            []Result `json:"failures"` // kept longer than Recent
+	LastFailure         *Result  `json:"last_failure"`
+}
+
+// Status builds the /probes document; newest results first.
+func (p *Prober) Status() Page {
+	pg := Page{Generated: time.Now().UTC(), Probes: []ProbeStatus{}}
+	for _, s := range p.defs {
+		s.mu.Lock()
+		st := ProbeStatus{Name: s.def.Name, API: s.def.API, Target: s.def.Target, Schedule: s.def.Schedule,
+			IntervalSeconds: s.def.Interval.Seconds(), ConsecutiveFailures: s.fails,
+			Recent: reversed(s.recent), Failures: reversed(s.failures)}
+		s.mu.Unlock()
+		if len(st.Failures) > 0 {
+			st.LastFailure = &st.Failures[0]
+		}
+		pg.Probes = append(pg.Probes, st)
+	}
+	sort.Slice(pg.Probes, func(i, j int) bool { return pg.Probes[i].Name < pg.Probes[j].Name })
+	return pg
+}
+
+func reversed(l []Result) []Result {
+	out := make([]Result, len(l))
+	for i, r := range l {
+		out[len(l)-1-i] = r
+	}
+	return out
+}
+
+var pageTmpl = template.Must(template.New("probes").Funcs(template.FuncMap{
+	"ms": func(f *float64) string {
+		if f == nil {
+			return "–"
+		}
+		return template.HTMLEscapeString(strings.TrimRight(strings.TrimRight(fmtF(*f), "0"), "."))
+	},
+}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap probes</title>
+<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}.failed,.not_sent{color:#b00}.success{color:#070}</style></head><body>
+<h1>Canary probes</h1><p>Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
+{{range .Probes}}<h2>{{.Name}}</h2><p>{{.API}} → {{.Target}}, {{.Schedule}} every {{.IntervalSeconds}} s; {{.ConsecutiveFailures}} failures in a row.
+{{with .LastFailure}}Last failure: {{.Scheduled.Format "15:04:05"}} HTTP {{.HTTPStatus}} {{.Failure}} {{.Detail}}{{end}}</p>
+<table><tr><th>scheduled</th><th>lag ms</th><th>result</th><th>outcome</th><th>HTTP</th><th>TTFT ms</th><th>E2E ms</th><th>tokens</th><th>failure</th></tr>
+{{range .Recent}}<tr><td>{{.Scheduled.Format "15:04:05.000"}}</td><td>{{.LagMS}}</td><td class="{{.Result}}">{{.Result}}</td><td>{{.Outcome}}</td><td>{{.HTTPStatus}}</td><td>{{ms .TTFTMS}}</td><td>{{ms .E2EMS}}</td><td>{{.OutputTokens}}</td><td>{{.Failure}}</td></tr>{{end}}
+</table>{{end}}</body></html>`))
+
+func fmtF(f float64) string { b, _ := json.Marshal(f); return string(b) }
+
+// ServeHTTP serves /probes: HTML, or JSON with ?format=json or an Accept
+// header preferring application/json.
+func (p *Prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pg := p.Status()
+	if r.URL.Query().Get("format") == "json" || (strings.Contains(r.Header.Get("Accept"), "application/json") && !strings.Contains(r.Header.Get("Accept"), "text/html")) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(pg)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	pageTmpl.Execute(w, pg)
+}
