@@ -174,6 +174,12 @@ type rec struct {
 // startSidecar runs app.Run in front of upstream and returns its addresses.
 func startSidecar(t *testing.T, upstreamURL string, extra ...string) (Addrs, string) {
 	t.Helper()
+	return startSidecarEnv(t, upstreamURL, nil, extra...)
+}
+
+// startSidecarEnv is startSidecar with a hook to adjust the Env.
+func startSidecarEnv(t *testing.T, upstreamURL string, adjust func(*Env), extra ...string) (Addrs, string) {
+	t.Helper()
 	dir := t.TempDir()
 	records := filepath.Join(dir, "records.jsonl")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,9 +187,11 @@ func startSidecar(t *testing.T, upstreamURL string, extra ...string) (Addrs, str
 	done := make(chan error, 1)
 	args := append([]string{"--upstream", upstreamURL, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--records", records, "--shutdown-grace", "2s"}, extra...)
-	go func() {
-		done <- Run(ctx, args, Env{Getenv: func(string) string { return "" }, Stdout: io.Discard, Stderr: testWriter{t}, Ready: func(a Addrs) { ready <- a }})
-	}()
+	env := Env{Getenv: func(string) string { return "" }, Stdout: io.Discard, Stderr: testWriter{t}, Ready: func(a Addrs) { ready <- a }}
+	if adjust != nil {
+		adjust(&env)
+	}
+	go func() { done <- Run(ctx, args, env) }()
 	var a Addrs
 	select {
 	case a = <-ready:

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
@@ -57,6 +58,9 @@ type Env struct {
 	// Ready, if set, is called once every listener is bound, with the
 	// resolved addresses (tests use it with ":0" ports).
 	Ready func(Addrs)
+	// OpenGPU opens the GPU source; nil means gpu.Open (NVML). Tests
+	// give go-nvml's mock servers here.
+	OpenGPU func(selection []string, none bool) (gpu.Source, error)
 }
 
 // Addrs are the bound addresses.
@@ -122,13 +126,46 @@ func Run(ctx context.Context, args []string, env Env) error {
 		log.Warn("NO --upstream GIVEN: running in front of the BUILT-IN SIMULATED ENGINE; every number is synthetic",
 			"simulator", addrs.Upstream, "model", eng.Config().Model)
 	}
+	// GPU energy: on when NVML works (or when asked), else off, said once.
+	var sampler *gpu.Sampler
+	var records record.Sink = sinks
+	energyState, energyReason := gpu.StateOff, "disabled"
+	if cfg.Energy.Enabled != "off" {
+		sel, none := gpu.Selection(cfg.Energy.Devices, env.Getenv)
+		open := env.OpenGPU
+		if open == nil {
+			open = gpu.Open
+		}
+		src, err := open(sel, none)
+		switch {
+		case err != nil:
+			energyReason = gpu.Reason(err)
+			lvl := slog.LevelInfo
+			if cfg.Energy.Enabled == "on" {
+				lvl = slog.LevelError
+			}
+			log.Log(ctx, lvl, "energy off: GPU energy needs NVML; everything else runs", "reason", err)
+		case len(src.Devices()) == 0:
+			src.Close()
+			energyReason = "no_devices"
+			log.Warn("energy off: NVML found no selected GPU", "selection", sel)
+		default:
+			energyState, energyReason = gpu.StateOn, "nvml"
+			sampler = gpu.NewSampler(src, cfg.Energy, metrics.Registry, sinks, metrics.ModelLabel)
+			records = sampler
+			defer src.Close()
+			log.Info("energy on", "gpus", len(src.Devices()), "interval", cfg.Energy.Interval)
+		}
+	}
+	gpu.ExportState(metrics.Registry, energyState, energyReason)
+
 	up, _ := url.Parse(addrs.Upstream)
 	probeSecret := randomHex(16)
 	px, err := proxy.New(proxy.Options{
 		ProbeHeader: probeSecret,
 		Upstream:    up,
 		Observer:    judge,
-		Records:     sinks,
+		Records:     records,
 		Logger:      log,
 		InjectUsage: cfg.InjectUsage,
 		PeekBytes:   cfg.PeekBytes,
@@ -156,7 +193,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 	probes = probes.WithDefaults(cfg.Simulator.Model)
 	sidecarURL, _ := url.Parse("http://" + addrs.Proxy)
 	prober := probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
-		Observer: judge, Records: sinks, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
+		Observer: judge, Records: records, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
 
 	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
 	ready.probes = prober
@@ -177,6 +214,14 @@ func Run(ctx context.Context, args []string, env Env) error {
 	go func() { errc <- adminSrv.Serve(aln) }()
 	log.Info("tokentap is up", "proxy", "http://"+addrs.Proxy, "upstream", addrs.Upstream,
 		"metrics", "http://"+addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
+	samplerCtx, stopSampler := context.WithCancel(context.Background())
+	samplerDone := make(chan struct{})
+	if sampler != nil {
+		px.SetEnergy(sampler)
+		go func() { sampler.Run(samplerCtx); close(samplerDone) }()
+	} else {
+		close(samplerDone)
+	}
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	probesDone := make(chan struct{})
 	go func() { prober.Run(probeCtx); close(probesDone) }()
@@ -202,6 +247,8 @@ func Run(ctx context.Context, args []string, env Env) error {
 		log.Warn("grace period over; closing the remaining streams", "err", err)
 		proxySrv.Close()
 	}
+	stopSampler() // the last interval is attributed and held records written
+	<-samplerDone
 	adminSrv.Close()
 	for _, stop := range background {
 		stop()

@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
@@ -63,6 +64,8 @@ type Config struct {
 	// Probes declares the canary probes (docs/probe.md). With the built-in
 	// simulator and no probes declared, one default probe runs.
 	Probes probe.Config `yaml:"probes"`
+	// Energy configures GPU energy measurement (docs/energy.md).
+	Energy gpu.Config `yaml:"energy"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -187,6 +190,11 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	if c.Energy.Enabled == "" {
+		c.Energy.Enabled = "auto"
+	}
+	fs.StringVar(&c.Energy.Enabled, "energy", c.Energy.Enabled, "GPU energy through NVML: auto, on or off")
+	fs.DurationVar(&c.Energy.Interval, "energy.interval", c.Energy.Interval, "NVML sampling interval (0 = 1s)")
 	s := &c.Simulator
 	fs.StringVar(&s.Model, "sim.model", s.Model, "simulator: model name it reports")
 	fs.IntVar(&s.MaxBatch, "sim.max-batch", s.MaxBatch, "simulator: sequences decoded together")
@@ -261,5 +269,6 @@ func (c *Config) Validate() []error {
 	}
 	errs = append(errs, c.SLO.WithDefaults().Validate()...)
 	errs = append(errs, c.Probes.Validate()...)
+	errs = append(errs, c.Energy.Validate()...)
 	return errs
 }

@@ -60,6 +60,9 @@ type Options struct {
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
 	Probe string
+	// Energy, when set, tracks every understood request for GPU energy
+	// attribution (package gpu). Nil: energy is off.
+	Energy record.EnergyMeter
 	// ProbeHeader, when set, marks requests that carry it with this exact
 	// value as the sidecar's own probes passing through: the header is
 	// removed and the request is forwarded without being recorded (the
@@ -208,6 +211,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.API, rec.Model, rec.Stream, rec.MaxTokens = info.API, info.Model, info.Stream, info.MaxTokens
+	if p.opts.Energy != nil && info.API != record.APIOther {
+		// The prompt's size in tokens, estimated from the body (4 bytes a
+		// token) until usage says; only its prefill weight depends on it.
+		rec.Energy = p.opts.Energy.Start(max(r.ContentLength, 0) / 4)
+	}
 	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
 	st.obs = p.opts.Observer.Begin(record.Key{API: info.API, Model: info.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe})
 	if rewritten != nil {
@@ -234,6 +242,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer p.finish(st) // also runs when ReverseProxy panics with http.ErrAbortHandler
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// SetEnergy installs the energy meter; call it before serving.
+func (p *Proxy) SetEnergy(m record.EnergyMeter) { p.opts.Energy = m }
 
 func (p *Proxy) nextID() string {
 	return p.idpfx + "-" + strconv.FormatUint(p.seq.Add(1), 10)

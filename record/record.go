@@ -125,6 +125,29 @@ type Record struct {
 	SLO []Verdict
 	// Probe is set on canary probe records.
 	Probe *ProbeInfo
+	// Energy is the energy meter's handle for this request (package gpu);
+	// nil when energy is off.
+	Energy EnergyHandle
+	// EnergyJ is the GPU energy attributed to the request, EnergyDynamicJ
+	// the part above the idle baseline; EnergySource says how it was
+	// measured ("" when energy is off).
+	EnergyJ, EnergyDynamicJ float64
+	EnergySource            string
+	// DecodeSOL is the measured decode rate as a fraction of the memory-
+	// bandwidth ceiling (0 when unknown).
+	DecodeSOL float64
+}
+
+// EnergyMeter tracks requests for energy attribution. Start is called
+// once per request; the handle's Tokens on every token-bearing event.
+type EnergyMeter interface {
+	Start(prefillTokens int64) EnergyHandle
+}
+
+// EnergyHandle receives a request's token counts (an atomic add: safe on
+// the hot path).
+type EnergyHandle interface {
+	Tokens(n int64)
 }
 
 // ProbeInfo is what a canary record adds.
@@ -351,6 +374,19 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		b = append(b, `"probe":`...)
 		b = append(b, enc...)
 		b = append(b, ',')
+	}
+	if r.EnergySource != "" {
+		b = append(b, `"energy_j":`...)
+		b = strconv.AppendFloat(b, math.Round(r.EnergyJ*1e4)/1e4, 'f', -1, 64)
+		b = append(b, `,"energy_dynamic_j":`...)
+		b = strconv.AppendFloat(b, math.Round(r.EnergyDynamicJ*1e4)/1e4, 'f', -1, 64)
+		b = append(b, ',')
+		str("energy_source", r.EnergySource)
+		if r.DecodeSOL > 0 {
+			b = append(b, `"decode_sol_ratio":`...)
+			b = strconv.AppendFloat(b, math.Round(r.DecodeSOL*1e4)/1e4, 'f', -1, 64)
+			b = append(b, ',')
+		}
 	}
 	if len(r.SLO) > 0 {
 		b = append(b, `"slo":`...)

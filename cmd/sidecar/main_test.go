@@ -15,10 +15,12 @@ import (
 	"time"
 )
 
-func build(t *testing.T) string {
+func build(t *testing.T, env ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "sidecar")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -26,7 +28,7 @@ func build(t *testing.T) string {
 }
 
 func TestBadConfigExits2NamingEveryProblem(t *testing.T) {
-	bin := build(t)
+	bin := build(t, "CGO_ENABLED=0")
 	cmd := exec.Command(bin, "--upstream", "ftp://x", "--max-models", "0", "--log-level", "loud")
 	cmd.Env = append(os.Environ(), "TOKENTAP_SIM_ERROR_PROB=2")
 	out, err := cmd.CombinedOutput()
@@ -48,9 +50,15 @@ func TestBadConfigExits2NamingEveryProblem(t *testing.T) {
 
 // With no upstream the binary runs in front of its simulated engine, says
 // so loudly, serves a streaming chat completion and fills /metrics; on
-// SIGTERM it exits 0.
+// SIGTERM it exits 0. On this machine (no GPU) it says once why energy is
+// off and exports that state; a CGO_ENABLED=0 build does the same.
 func TestDefaultRunsSimulator(t *testing.T) {
-	bin := build(t)
+	for _, c := range []struct{ name, cgo, reason string }{{"cgo", "CGO_ENABLED=1", ""}, {"static", "CGO_ENABLED=0", "no_cgo"}} {
+		t.Run(c.name, func(t *testing.T) { runDefault(t, build(t, c.cgo), c.reason) })
+	}
+}
+
+func runDefault(t *testing.T, bin, energyReason string) {
 	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--sim.error-prob", "0")
 	cmd.Env = os.Environ()
 	stderr, _ := cmd.StderrPipe()
@@ -62,10 +70,14 @@ func TestDefaultRunsSimulator(t *testing.T) {
 	var proxy, metrics string
 	sawSim := false
 	re := regexp.MustCompile(`proxy=(http://\S+) .*metrics=(http://\S+)`)
+	energyOff := 0
 	for proxy == "" && sc.Scan() {
 		line := sc.Text()
 		if strings.Contains(line, "BUILT-IN SIMULATED ENGINE") {
 			sawSim = true
+		}
+		if strings.Contains(line, "energy off") {
+			energyOff++
 		}
 		if m := re.FindStringSubmatch(line); m != nil {
 			proxy, metrics = m[1], m[2]
@@ -74,6 +86,9 @@ func TestDefaultRunsSimulator(t *testing.T) {
 	go io.Copy(io.Discard, stderr)
 	if !sawSim || proxy == "" {
 		t.Fatalf("did not announce the simulator (%v) or its address (%q)", sawSim, proxy)
+	}
+	if energyOff != 1 {
+		t.Errorf("said %d times that energy is off, want once", energyOff)
 	}
 	resp, err := http.Post(proxy+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"demo","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
@@ -95,6 +110,8 @@ func TestDefaultRunsSimulator(t *testing.T) {
 		`gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_operation_name="chat",gen_ai_request_model="demo",probe="",traffic="live",le="0.001"}`,
 		`tokentap_inter_token_latency_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="demo",probe="",traffic="live"} `,
 		`tokentap_requests_total{gen_ai_operation_name="chat",gen_ai_request_model="demo",outcome="success",probe="",traffic="live"} 1`,
+		"tokentap_energy_enabled 0",
+		`tokentap_energy_info{reason="` + energyReason,
 	} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("/metrics lacks %s", want)
