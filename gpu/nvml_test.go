@@ -247,3 +247,17 @@ func TestOpenWithoutDriver(t *testing.T) {
 	}
 	t.Logf("as expected: %v", err)
 }
+
+// After the sampler stopped, a late record is written at once, not held.
+func TestLateRecordAfterStopIsWritten(t *testing.T) {
+	r := newRig(t, Config{}, &script{energy: []uint64{0, 1000}, power: []uint32{1, 1}})
+	r.tick(0)
+	h := r.s.Start(10)
+	r.s.flush()
+	rec := record.New(0)
+	rec.Energy = h
+	r.s.Write(rec)
+	if len(r.written) != 1 {
+		t.Fatalf("%d records written after stop, want 1", len(r.written))
+	}
+}

@@ -80,6 +80,7 @@ type Sampler struct {
 	last    time.Time
 	idleW   float64 // learned or configured idle power (all selected GPUs)
 	learned bool
+	stopped bool // after Run: records are written at once, nothing is held
 
 	energy, power, util, memUsed, smClock, memClock, temp, throttle, peakBW *prometheus.GaugeVec
 	energyTotal                                                             *prometheus.CounterVec
@@ -175,8 +176,12 @@ func (s *Sampler) Write(rec *record.Record) {
 		return
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	r.done, r.rec = true, rec
-	s.mu.Unlock()
+	if s.stopped { // a request that outlived the shutdown: never lose its record
+		delete(s.active, r)
+		s.finish(r)
+	}
 }
 
 // Run samples every interval until ctx is done, then attributes the last
@@ -363,6 +368,7 @@ func (s *Sampler) finish(r *Req) {
 func (s *Sampler) flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.stopped = true
 	for r := range s.active {
 		if r.done {
 			delete(s.active, r)
