@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tokentap/tokentap/internal/page"
 )
 
 // Page is the /probes document.
@@ -75,14 +77,5 @@ func fmtF(f float64) string { b, _ := json.Marshal(f); return string(b) }
 // ServeHTTP serves /probes: HTML, or JSON with ?format=json or an Accept
 // header preferring application/json.
 func (p *Prober) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	pg := p.Status()
-	if r.URL.Query().Get("format") == "json" || (strings.Contains(r.Header.Get("Accept"), "application/json") && !strings.Contains(r.Header.Get("Accept"), "text/html")) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(pg)
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	pageTmpl.Execute(w, pg)
+	page.Serve(w, r, p.Status(), pageTmpl)
 }

@@ -1,7 +1,6 @@
 package slo
 
 import (
-	"encoding/json"
 	"html/template"
 	"math"
 	"net/http"
@@ -9,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tokentap/tokentap/internal/page"
 )
 
 // Status is one SLO's state over this instance's sliding window.
@@ -102,16 +103,7 @@ func fmtFloat(f float64) string {
 // ServeHTTP serves /slo: HTML for browsers, JSON for ?format=json or an
 // Accept header that prefers application/json.
 func (j *Judge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p := j.Status(j.clock())
-	if r.URL.Query().Get("format") == "json" || (strings.Contains(r.Header.Get("Accept"), "application/json") && !strings.Contains(r.Header.Get("Accept"), "text/html")) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(p)
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	pageHTML.Execute(w, p)
+	page.Serve(w, r, j.Status(j.clock()), pageHTML)
 }
 
 func strconvFormat(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }
