@@ -74,6 +74,7 @@ func TestEnergyEndToEndWithMockGPU(t *testing.T) {
 		b, _ := os.ReadFile(records)
 		return len(b) > 0 && json.Unmarshal(b[:strings.IndexByte(string(b), '\n')], &rec) == nil
 	})
+	t.Logf("record: energy_j %.1f from %s, decode_sol_ratio %.5f", rec.EnergyJ, rec.EnergySource, rec.SOL)
 	// About 6 × 100 ms of streaming at 2 kW (200 J per 100 ms interval),
 	// the request alone in flight: several hundred joules, by the counter.
 	if rec.EnergySource != "counter" || rec.EnergyJ < 400 || rec.EnergyJ > 2000 {
