@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -92,7 +93,40 @@ func Run(ctx context.Context, args []string, env Env) error {
 	log := slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))
 
 	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models})
-	judge := slo.NewJudge(cfg.SLO, metrics.Registry, metrics)
+	otel, err := exporter.SetupOTel(ctx, cfg.Tracing, env.Getenv, metrics.Registry)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
+		return &UsageError{err}
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := otel.Shutdown(sctx); err != nil { // flushes spans and metrics
+			log.Warn("flushing OpenTelemetry data", "err", err)
+		}
+	}()
+	var observers record.Fanout = record.Fanout{metrics}
+	if otel.Metrics != nil {
+		om, err := exporter.NewOTelMetrics(otel.Metrics)
+		if err != nil {
+			return err
+		}
+		observers = append(observers, om)
+	}
+	judge := slo.NewJudge(cfg.SLO, metrics.Registry, observers)
+	var traceOpts proxy.TraceOptions
+	if otel.Traces != nil {
+		traceOpts = proxy.TraceOptions{Provider: otel.Traces, ProviderName: cfg.Tracing.ProviderName}
+		if cfg.Tracing.CaptureContent {
+			c := &proxy.ContentCapture{MaxBytes: cfg.Tracing.MaxContentBytes, Redact: proxy.DefaultRedactions}
+			for _, r := range cfg.Tracing.Redact {
+				c.Redact = append(c.Redact, regexp.MustCompile(r)) // validated by config
+			}
+			traceOpts.Capture = c
+			log.Warn("content capture is ON: prompts and completions go into spans (redacted, truncated); pre-production use")
+		}
+		log.Info("tracing on", "keep", cfg.Tracing.Keep)
+	}
 	var sinks record.Sinks
 	switch cfg.Records {
 	case "":
@@ -162,14 +196,16 @@ func Run(ctx context.Context, args []string, env Env) error {
 	up, _ := url.Parse(addrs.Upstream)
 	probeSecret := randomHex(16)
 	px, err := proxy.New(proxy.Options{
-		ProbeHeader: probeSecret,
-		Upstream:    up,
-		Observer:    judge,
-		Records:     records,
-		Logger:      log,
-		InjectUsage: cfg.InjectUsage,
-		PeekBytes:   cfg.PeekBytes,
-		Timeout:     cfg.Timeout,
+		ProbeHeader:    probeSecret,
+		Upstream:       up,
+		Observer:       judge,
+		Records:        records,
+		Logger:         log,
+		InjectUsage:    cfg.InjectUsage,
+		PeekBytes:      cfg.PeekBytes,
+		Timeout:        cfg.Timeout,
+		Trace:          traceOpts,
+		StallThreshold: judge.Config().StallThreshold,
 	})
 	if err != nil {
 		return err

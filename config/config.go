@@ -20,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/simengine"
@@ -66,6 +67,9 @@ type Config struct {
 	Probes probe.Config `yaml:"probes"`
 	// Energy configures GPU energy measurement (docs/energy.md).
 	Energy gpu.Config `yaml:"energy"`
+	// Tracing configures OTel spans beyond the OTEL_* environment
+	// (docs/tracing.md).
+	Tracing exporter.TracingConfig `yaml:"tracing"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -270,5 +274,6 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.SLO.WithDefaults().Validate()...)
 	errs = append(errs, c.Probes.Validate()...)
 	errs = append(errs, c.Energy.Validate()...)
+	errs = append(errs, c.Tracing.Validate()...)
 	return errs
 }

@@ -258,21 +258,30 @@ func (q *Request) End(r *record.Record) {
 	m.inFlight.WithLabelValues(q.op, q.traffic, q.probe).Dec()
 	l := []string{q.op, q.model, q.traffic, q.probe}
 	m.requests.WithLabelValues(q.op, q.model, q.traffic, q.probe, string(r.Outcome)).Inc()
+	observe := func(o prometheus.Observer, v float64) {
+		if r.TraceID == "" {
+			o.Observe(v)
+			return
+		}
+		// The trace behind this observation, for a jump from a bucket to a
+		// trace (exposed in OpenMetrics when the scraper negotiates it).
+		o.(prometheus.ExemplarObserver).ObserveWithExemplar(v, prometheus.Labels{"trace_id": r.TraceID, "span_id": r.SpanID})
+	}
 	if d, ok := r.E2E(); ok {
-		m.duration.WithLabelValues(q.op, q.model, q.traffic, q.probe, r.ErrorType).Observe(d.Seconds())
+		observe(m.duration.WithLabelValues(q.op, q.model, q.traffic, q.probe, r.ErrorType), d.Seconds())
 	}
 	if d, ok := r.TTFB(); ok {
 		m.ttfb.WithLabelValues(l...).Observe(d.Seconds())
 	}
 	if r.Stream {
 		if d, ok := r.TTFT(); ok {
-			m.ttft.WithLabelValues(l...).Observe(d.Seconds())
+			observe(m.ttft.WithLabelValues(l...), d.Seconds())
 		}
 		if d, ok := r.TTFOT(); ok {
-			m.ttfot.WithLabelValues(l...).Observe(d.Seconds())
+			observe(m.ttfot.WithLabelValues(l...), d.Seconds())
 		}
 		if d, ok := r.TPOT(); ok {
-			m.tpot.WithLabelValues(l...).Observe(d.Seconds())
+			observe(m.tpot.WithLabelValues(l...), d.Seconds())
 		}
 		// Smoothness and classes are set by the SLO judge, when one runs.
 		if r.PromptClass != "" && r.TokenEvents() > 0 {

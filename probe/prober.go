@@ -364,7 +364,7 @@ func (o *observer) End(r *record.Record) {
 		o.p.duration.WithLabelValues(d.Name).Set(v.Seconds())
 	}
 	if r.Outcome == record.Success {
-		text := answerText(o.cw.body.Bytes(), r.Stream)
+		text := stream.AnswerText(o.cw.body.Bytes(), r.Stream)
 		res.Check, res.Failure = d.Expect.check(text, r.FinishReason, r.OutputTokens)
 		if res.Check != "" {
 			o.p.quality.WithLabelValues(d.Name, res.Check).Inc()
@@ -386,35 +386,6 @@ func (o *observer) End(r *record.Record) {
 }
 
 func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
-
-// answerText concatenates the generated text of an OpenAI response:
-// delta.content / text of every streamed chunk, or message.content / text
-// of a whole body.
-func answerText(body []byte, streamed bool) string {
-	var sb strings.Builder
-	add := func(data []byte) {
-		var c struct {
-			Choices []struct {
-				Delta   struct{ Content string } `json:"delta"`
-				Message struct{ Content string } `json:"message"`
-				Text    string                   `json:"text"`
-			} `json:"choices"`
-		}
-		if json.Unmarshal(data, &c) == nil {
-			for _, ch := range c.Choices {
-				sb.WriteString(ch.Delta.Content + ch.Message.Content + ch.Text)
-			}
-		}
-	}
-	if !streamed {
-		add(body)
-		return sb.String()
-	}
-	var f stream.Framer
-	f.Feed(body, func(e *stream.Event) { add(e.Data) })
-	f.Finish(func(e *stream.Event) { add(e.Data) })
-	return sb.String()
-}
 
 // errorDetail finds the error message of a failed response, bounded: an
 // error event's or an error body's "message".

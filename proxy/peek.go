@@ -17,6 +17,9 @@ type requestInfo struct {
 	Stream       bool
 	MaxTokens    int64
 	IncludeUsage bool // the client asked for the usage chunk itself
+	Temperature  *float64
+	TopP         *float64
+	Seed         *int64
 	Whole        bool // the whole body was read and parsed
 }
 
@@ -43,10 +46,13 @@ type bodyFields struct {
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	StreamOptions       json.RawMessage `json:"stream_options"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	Seed                *int64          `json:"seed"`
 }
 
 func (b *bodyFields) info(api record.API, whole bool) requestInfo {
-	in := requestInfo{API: api, Model: b.Model, Stream: b.Stream, Whole: whole}
+	in := requestInfo{API: api, Model: b.Model, Stream: b.Stream, Whole: whole, Temperature: b.Temperature, TopP: b.TopP, Seed: b.Seed}
 	if b.MaxCompletionTokens != nil {
 		in.MaxTokens = *b.MaxCompletionTokens
 	} else if b.MaxTokens != nil {
@@ -108,7 +114,7 @@ func prefixFields(prefix []byte) *bodyFields {
 			break
 		}
 		switch key {
-		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options":
+		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "temperature", "top_p", "seed":
 			one := append(append([]byte(`{"`), key...), `":`...)
 			one = append(append(one, raw...), '}')
 			_ = json.Unmarshal(one, &f)

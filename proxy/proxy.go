@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -60,6 +62,12 @@ type Options struct {
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
 	Probe string
+	// Trace configures OpenTelemetry spans and context propagation; the
+	// zero value traces nothing.
+	Trace TraceOptions
+	// StallThreshold marks gaps above it as stall events on the span;
+	// zero adds none.
+	StallThreshold time.Duration
 	// Energy, when set, tracks every understood request for GPU energy
 	// attribution (package gpu). Nil: energy is off.
 	Energy record.EnergyMeter
@@ -126,6 +134,12 @@ func New(opts Options) (*Proxy, error) {
 	if opts.Traffic == "" {
 		opts.Traffic = "live"
 	}
+	if opts.Trace.Propagator == nil {
+		opts.Trace.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	if opts.Trace.ProviderName == "" {
+		opts.Trace.ProviderName = "openai_compatible"
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	p := &Proxy{opts: opts, clock: opts.Clock, log: opts.Logger, idpfx: hex.EncodeToString(b[:])}
@@ -134,6 +148,11 @@ func New(opts Options) (*Proxy, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
 			pr.Out.Host = up.Host
+			if p.opts.Trace.Provider != nil {
+				// Our client span's context replaces the client's traceparent
+				// (which is its parent's), so the engine's spans join under it.
+				p.opts.Trace.Propagator.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
+			}
 		},
 		Transport:      opts.Transport,
 		FlushInterval:  -1, // flush after every write, whatever the content type
@@ -153,17 +172,20 @@ type stateKey struct{}
 // time (the handler's), except upstreamSent, which the transport's
 // writer goroutine sets.
 type reqState struct {
-	rec          *record.Record
-	obs          record.Observation
-	clock        record.Clock
-	clientCtx    context.Context
-	ctx          context.Context
-	info         requestInfo
-	injected     bool
-	tap          *tap
-	handled      bool // the error handler answered
-	upstreamSent atomic.Int64
-	finished     bool
+	rec            *record.Record
+	obs            record.Observation
+	clock          record.Clock
+	clientCtx      context.Context
+	ctx            context.Context
+	info           requestInfo
+	injected       bool
+	tap            *tap
+	spans          *spans
+	body           []byte // the whole request body, kept only for content capture
+	stallThreshold time.Duration
+	handled        bool // the error handler answered
+	upstreamSent   atomic.Int64
+	finished       bool
 }
 
 // ServeHTTP proxies one request.
@@ -180,9 +202,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrive := p.clock.Now()
 	api := classify(r)
 	info := requestInfo{API: api}
-	var rewritten []byte
+	var rewritten, whole []byte
 	if api != record.APIOther {
-		in, whole, body, err := peek(r.Body, api, p.opts.PeekBytes)
+		in, peeked, body, err := peek(r.Body, api, p.opts.PeekBytes)
+		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
 			rec := record.New(0)
@@ -227,7 +250,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
 	}
 
+	st.stallThreshold = p.opts.StallThreshold
+	if p.opts.Trace.Capture != nil {
+		st.body = whole
+	}
 	ctx := context.WithValue(r.Context(), stateKey{}, st)
+	ctx = p.startSpans(ctx, r, st)
 	if p.opts.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.opts.Timeout)
@@ -273,6 +301,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
 	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
+	st.tap.capture = p.opts.Trace.Capture != nil && p.opts.Trace.Provider != nil
 	resp.Body = st.tap
 	return nil
 }
@@ -328,7 +357,8 @@ func (p *Proxy) finish(st *reqState) {
 		p.outcome(st, t, now)
 	}
 	p.tokens(st)
-	st.obs.End(rec)
+	st.obs.End(rec) // the SLO verdicts are set here: the spans carry them
+	p.endSpans(st)
 	p.opts.Records.Write(rec)
 }
 

@@ -67,6 +67,10 @@ type tap struct {
 	wholeMax  int
 	wholeOver bool
 
+	// captured keeps the raw body (bounded) when content capture is on.
+	captured []byte
+	capture  bool
+
 	eof, closed, failed bool
 	readErr             error
 	readErrAt           time.Time
@@ -108,6 +112,7 @@ func (t *tap) Read(p []byte) (int, error) {
 	at := t.now()
 	if n > 0 {
 		t.firstByte(at)
+		t.keep(p[:n])
 		if !t.failed {
 			t.pending, t.pendingAt = p[:n], at
 		}
@@ -116,6 +121,13 @@ func (t *tap) Read(p []byte) (int, error) {
 		t.noteErr(err, at)
 	}
 	return n, err
+}
+
+// keep copies read bytes for content capture (off: one branch).
+func (t *tap) keep(b []byte) {
+	if t.capture && len(t.captured)+len(b) <= 1<<20 {
+		t.captured = append(t.captured, b...)
+	}
 }
 
 func (t *tap) firstByte(at time.Time) {
@@ -306,6 +318,7 @@ func (t *tap) readStrip(p []byte) (int, error) {
 		at := t.now()
 		if n > 0 {
 			t.firstByte(at)
+			t.keep(p[:n])
 			t.frameStrip(p[:n], at)
 		}
 		if err != nil {

@@ -55,3 +55,51 @@ func (nopObs) Malformed()                 {}
 func (nopObs) UsageInjected()             {}
 func (nopObs) TapFailed(string)           {}
 func (nopObs) End(*Record)                {}
+
+// Fanout observes every request with each of its observers, in order.
+type Fanout []Observer
+
+// Begin begins with each observer.
+func (f Fanout) Begin(k Key) Observation {
+	if len(f) == 1 {
+		return f[0].Begin(k)
+	}
+	m := make(multi, len(f))
+	for i, o := range f {
+		m[i] = o.Begin(k)
+	}
+	return m
+}
+
+type multi []Observation
+
+func (m multi) Gap(d time.Duration) {
+	for _, o := range m {
+		o.Gap(d)
+	}
+}
+func (m multi) ForwardDelay(d time.Duration) {
+	for _, o := range m {
+		o.ForwardDelay(d)
+	}
+}
+func (m multi) Malformed() {
+	for _, o := range m {
+		o.Malformed()
+	}
+}
+func (m multi) UsageInjected() {
+	for _, o := range m {
+		o.UsageInjected()
+	}
+}
+func (m multi) TapFailed(r string) {
+	for _, o := range m {
+		o.TapFailed(r)
+	}
+}
+func (m multi) End(r *Record) {
+	for _, o := range m {
+		o.End(r)
+	}
+}

@@ -94,8 +94,11 @@ type Record struct {
 	UsageInjected bool   // the sidecar asked the engine for usage
 	ResponseModel string
 	ResponseID    string // the engine's id for the completion
-	TapFailed     bool   // the tap gave up on this response (fail open)
-	MaxTokens     int64  // requested max_tokens, 0 when not sent
+	// TraceID and SpanID identify the request's inference span when it is
+	// traced and sampled; "" otherwise.
+	TraceID, SpanID string
+	TapFailed       bool  // the tap gave up on this response (fail open)
+	MaxTokens       int64 // requested max_tokens, 0 when not sent
 
 	Arrive           time.Time // request headers read: the zero of every offset
 	UpstreamSent     time.Time
@@ -303,6 +306,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	str("id", r.ID)
 	str("start", r.Arrive.UTC().Format(time.RFC3339Nano))
 	str("traffic", r.Traffic)
+	if r.TraceID != "" {
+		str("trace_id", r.TraceID)
+	}
 	str("api", string(r.API))
 	str("model", r.Model)
 	b = append(b, `"stream":`...)

@@ -1,0 +1,306 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
+)
+
+// Span structure (design note). Each understood request gets two spans:
+//
+//   - a SERVER span "{method} {route}" for the request as it passed
+//     through the sidecar, child of the client's traceparent if it sent
+//     one, carrying the HTTP attributes;
+//   - a CLIENT span "{gen_ai.operation.name} {gen_ai.request.model}", the
+//     OTel GenAI inference span (the conventions define only a client
+//     span, and toward the engine the sidecar is its client), child of
+//     the server span. Its context is injected into the upstream request,
+//     so the engine's own spans (vLLM emits them) join the same trace
+//     under it.
+//
+// Two spans rather than one keep the conventions' span kind right on both
+// sides of the hop and show where time went: before the client span
+// starts is the sidecar's own work. Both end at the record's terminal
+// instant; nothing is done per token (events are added at the end from
+// the record's token times).
+
+// TraceOptions configure tracing. The zero value traces nothing.
+type TraceOptions struct {
+	// Provider creates the spans; nil disables tracing.
+	Provider trace.TracerProvider
+	// Propagator extracts the client's context and injects ours upstream;
+	// nil means W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+	// ProviderName is gen_ai.provider.name. The conventions treat it as
+	// the telemetry flavour: "openai" promises the openai.* attributes
+	// too, so for a self-hosted engine the default is the engine's own
+	// name; see docs/tracing.md.
+	ProviderName string
+	// Capture, when non-nil, records prompt and completion text on the
+	// inference span (opt-in: pre-production use).
+	Capture *ContentCapture
+}
+
+// ContentCapture is the opt-in content capture of the conventions.
+type ContentCapture struct {
+	MaxBytes int              // per attribute, after redaction; 0 means 4096
+	Redact   []*regexp.Regexp // each match is replaced by "[REDACTED]"
+}
+
+// DefaultRedactions match API keys, bearer tokens and e-mail addresses.
+var DefaultRedactions = []*regexp.Regexp{
+	regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`),
+	regexp.MustCompile(`(?i)\bbearer\s+[A-Za-z0-9._\-]{8,}`),
+	regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`),
+}
+
+func (c *ContentCapture) clean(s string) string {
+	for _, re := range c.Redact {
+		s = re.ReplaceAllString(s, "[REDACTED]")
+	}
+	max := c.MaxBytes
+	if max <= 0 {
+		max = 4096
+	}
+	if len(s) > max {
+		cut := max
+		for cut > 0 && (s[cut]&0xC0) == 0x80 { // keep UTF-8 whole
+			cut--
+		}
+		s = s[:cut] + "…[truncated]"
+	}
+	return s
+}
+
+type spans struct {
+	server, client trace.Span
+}
+
+// startSpans opens the two spans at arrival and returns the context the
+// upstream request must carry.
+func (p *Proxy) startSpans(ctx context.Context, r *http.Request, st *reqState) context.Context {
+	t := &p.opts.Trace
+	if t.Provider == nil {
+		return ctx
+	}
+	ctx = t.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	tr := t.Provider.Tracer("github.com/tokentap/tokentap/proxy")
+	rec := st.rec
+	ctx, server := tr.Start(ctx, r.Method+" "+route(r), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
+		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+	op := rec.API.Operation()
+	name := op
+	if rec.Model != "" {
+		name += " " + rec.Model
+	}
+	up := p.opts.Upstream
+	port, _ := strconv.Atoi(up.Port())
+	if port == 0 {
+		port = map[string]int{"https": 443}[up.Scheme]
+		if port == 0 {
+			port = 80
+		}
+	}
+	start := []attribute.KeyValue{ // set at start: samplers may use them
+		attribute.String("gen_ai.operation.name", op),
+		attribute.String("gen_ai.provider.name", t.ProviderName),
+		attribute.String("server.address", up.Hostname()),
+		attribute.Int("server.port", port),
+	}
+	if rec.Model != "" {
+		start = append(start, attribute.String("gen_ai.request.model", rec.Model))
+	}
+	ctx, client := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(rec.Arrive), trace.WithAttributes(start...))
+	st.spans = &spans{server: server, client: client}
+	if sc := client.SpanContext(); sc.IsSampled() {
+		rec.TraceID, rec.SpanID = sc.TraceID().String(), sc.SpanID().String()
+	}
+	return ctx
+}
+
+func route(r *http.Request) string {
+	p := strings.TrimSuffix(r.URL.Path, "/")
+	for _, known := range []string{"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"} {
+		if strings.HasSuffix(p, known) {
+			return known
+		}
+	}
+	return p
+}
+
+// endSpans sets the attributes known at the end and closes both spans at
+// the terminal instant.
+func (p *Proxy) endSpans(st *reqState) {
+	sp := st.spans
+	if sp == nil {
+		return
+	}
+	rec, in := st.rec, st.info
+	end := rec.Terminal
+	if end.IsZero() {
+		end = p.clock.Now()
+	}
+	a := []attribute.KeyValue{}
+	add := func(kv ...attribute.KeyValue) { a = append(a, kv...) }
+	if rec.Stream {
+		add(attribute.Bool("gen_ai.request.stream", true))
+	}
+	if in.MaxTokens > 0 {
+		add(attribute.Int64("gen_ai.request.max_tokens", in.MaxTokens))
+	}
+	if in.Temperature != nil {
+		add(attribute.Float64("gen_ai.request.temperature", *in.Temperature))
+	}
+	if in.TopP != nil {
+		add(attribute.Float64("gen_ai.request.top_p", *in.TopP))
+	}
+	if in.Seed != nil {
+		add(attribute.Int64("gen_ai.request.seed", *in.Seed))
+	}
+	if rec.ResponseModel != "" {
+		add(attribute.String("gen_ai.response.model", rec.ResponseModel))
+	}
+	if rec.ResponseID != "" {
+		add(attribute.String("gen_ai.response.id", rec.ResponseID))
+	}
+	switch {
+	case rec.Outcome != record.Success && rec.Stream && rec.TokenEvents() > 0:
+		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{"error"})) // ended early
+	case rec.FinishReason != "":
+		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{rec.FinishReason}))
+	}
+	if rec.InputTokens >= 0 {
+		add(attribute.Int64("gen_ai.usage.input_tokens", rec.InputTokens))
+	}
+	if rec.OutputTokens >= 0 {
+		add(attribute.Int64("gen_ai.usage.output_tokens", rec.OutputTokens))
+	}
+	if rec.CachedTokens > 0 {
+		add(attribute.Int64("gen_ai.usage.cache_read.input_tokens", rec.CachedTokens))
+	}
+	secs := func(name string, d time.Duration, ok bool) {
+		if ok {
+			add(attribute.Float64(name, d.Seconds()))
+		}
+	}
+	d, ok := rec.TTFT()
+	if rec.Stream {
+		secs("gen_ai.response.time_to_first_chunk", d, ok)
+	}
+	secs("tokentap.ttft", d, ok)
+	d, ok = rec.TTFOT()
+	secs("tokentap.ttfot", d, ok)
+	d, ok = rec.TPOT()
+	secs("tokentap.tpot", d, ok)
+	d, ok = rec.E2E()
+	secs("tokentap.e2e", d, ok)
+	secs("tokentap.max_itl", rec.MaxGap, rec.TokenEvents() >= 2)
+	add(attribute.String("tokentap.outcome", string(rec.Outcome)),
+		attribute.String("tokentap.token_source", rec.TokenSource),
+		attribute.String("tokentap.traffic", rec.Traffic),
+		attribute.Int("tokentap.stalls", rec.Stalls),
+		attribute.String("tokentap.record_id", rec.ID))
+	if len(rec.SLO) > 0 {
+		qualified := true
+		var failed []string
+		for _, v := range rec.SLO {
+			if !v.Excluded && !v.Qualified {
+				qualified = false
+				for _, f := range v.Failed {
+					failed = append(failed, v.Name+":"+f)
+				}
+			}
+		}
+		add(attribute.Bool("tokentap.slo.qualified", qualified))
+		sp.server.SetAttributes(attribute.Bool("tokentap.slo.qualified", qualified)) // same keep decision
+		if len(failed) > 0 {
+			add(attribute.StringSlice("tokentap.slo.failed", failed))
+		}
+	}
+	if c := p.opts.Trace.Capture; c != nil {
+		if msgs := inputMessages(st.body, c); msgs != "" {
+			add(attribute.String("gen_ai.input.messages", msgs))
+		}
+		if st.tap != nil && st.tap.captured != nil {
+			text := c.clean(stream.AnswerText(st.tap.captured, rec.Stream))
+			out, _ := json.Marshal([]map[string]any{{"role": "assistant", "parts": []map[string]string{{"type": "text", "content": text}},
+				"finish_reason": rec.FinishReason}})
+			add(attribute.String("gen_ai.output.messages", string(out)))
+		}
+	}
+	cl := sp.client
+	if rec.ErrorType != "" {
+		add(attribute.String("error.type", rec.ErrorType))
+		cl.SetStatus(codes.Error, rec.ErrorType)
+		sp.server.SetAttributes(attribute.String("error.type", rec.ErrorType))
+		sp.server.SetStatus(codes.Error, rec.ErrorType)
+	}
+	cl.SetAttributes(a...)
+	if !rec.FirstToken.IsZero() {
+		cl.AddEvent("gen_ai.first_token", trace.WithTimestamp(rec.FirstToken))
+	}
+	if rec.Stalls > 0 || st.stallThreshold > 0 {
+		for i := 1; i < len(rec.TokenAt); i++ {
+			if gap := rec.TokenAt[i] - rec.TokenAt[i-1]; st.stallThreshold > 0 && gap > st.stallThreshold {
+				cl.AddEvent("tokentap.stall", trace.WithTimestamp(rec.Arrive.Add(rec.TokenAt[i])),
+					trace.WithAttributes(attribute.Float64("tokentap.gap", gap.Seconds())))
+			}
+		}
+	}
+	if rec.HTTPStatus != 0 {
+		sp.server.SetAttributes(attribute.Int("http.response.status_code", rec.HTTPStatus))
+	}
+	cl.End(trace.WithTimestamp(end))
+	sp.server.End(trace.WithTimestamp(end))
+}
+
+// inputMessages renders the request's messages (or prompt) in the
+// conventions' gen_ai.input.messages form, redacted and truncated.
+func inputMessages(body []byte, c *ContentCapture) string {
+	var req struct {
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	if len(body) == 0 || json.Unmarshal(body, &req) != nil {
+		return ""
+	}
+	type part struct {
+		Type    string `json:"type"`
+		Content string `json:"content"`
+	}
+	type msg struct {
+		Role  string `json:"role"`
+		Parts []part `json:"parts"`
+	}
+	var out []msg
+	text := func(raw json.RawMessage) string {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s
+		}
+		return string(raw) // structured content: kept as its JSON text
+	}
+	for _, m := range req.Messages {
+		out = append(out, msg{m.Role, []part{{"text", c.clean(text(m.Content))}}})
+	}
+	if len(req.Prompt) > 0 {
+		out = append(out, msg{"user", []part{{"text", c.clean(text(req.Prompt))}}})
+	}
+	b, _ := json.Marshal(out)
+	return string(b)
+}
