@@ -78,7 +78,9 @@ func TestTraceIDExemplarOnTTFT(t *testing.T) {
 	resp.Body.Close()
 	found := false
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "gen_ai_server_time_to_first_token_seconds_bucket") && strings.Contains(l, `# {trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"} 0.12`) {
+		// Exemplar label order is not fixed: check each label.
+		if strings.HasPrefix(l, "gen_ai_server_time_to_first_token_seconds_bucket") && strings.Contains(l, ` # {`) &&
+			strings.Contains(l, `trace_id="4bf92f3577b34da6a3ce929d0e0e4736"`) && strings.Contains(l, `span_id="00f067aa0ba902b7"`) && strings.Contains(l, `} 0.12 `) {
 			found = true
 		}
 	}
