@@ -13,5 +13,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # their own on free loopback ports and need no system one.
   (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
 fi
+# Jaeger v1.76.0, pinned in tools/jaeger (a real OTLP receiver for the
+# tracing tests). Built once; a few minutes on two cores.
+if ! command -v jaeger >/dev/null 2>&1; then
+  gobin="$(go env GOPATH)/bin"
+  mkdir -p "$gobin"
+  (cd "$(dirname "$0")/../tools/jaeger" && go build -o "$gobin/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
+fi
+echo "jaeger:     $(jaeger --version 2>&1 | head -1)"
 echo "prometheus: $(prometheus --version 2>&1 | head -1)"
 echo "promtool:   $(promtool --version 2>&1 | head -1)"
