@@ -20,6 +20,6 @@ if ! command -v jaeger >/dev/null 2>&1; then
   mkdir -p "$gobin"
   (cd "$(dirname "$0")/../tools/jaeger" && go build -o "$gobin/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
 fi
-echo "jaeger:     $(jaeger --version 2>&1 | head -1)"
+echo "jaeger:     $(command -v jaeger) (v1.76.0, tools/jaeger)"
 echo "prometheus: $(prometheus --version 2>&1 | head -1)"
 echo "promtool:   $(promtool --version 2>&1 | head -1)"
