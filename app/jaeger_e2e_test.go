@@ -22,10 +22,11 @@ import (
 
 // startJaeger runs a real Jaeger (v1.76.0, memory storage) with its OTLP
 // HTTP receiver and query API on free loopback ports.
-func startJaeger(t *testing.T) (otlp, query string) {
+func startJaeger(t *testing.T) (otlp, query, otlpGRPC string) {
 	bin := testtool.Need(t, "jaeger")
 	dir := t.TempDir()
 	otlp, otlpGRPC, query, queryGRPC := freePort(t), freePort(t), freePort(t), freePort(t)
+	_ = otlpGRPC
 	cfg := filepath.Join(dir, "jaeger.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`
 service:
@@ -78,7 +79,7 @@ exporters:
 		}
 		return err == nil && resp.StatusCode == 200
 	})
-	return otlp, query
+	return otlp, query, otlpGRPC
 }
 
 func tail(s string, n int) string {
@@ -237,9 +238,11 @@ func tracedRecords(t *testing.T, path string, n int) map[string]tracedRec {
 	return out
 }
 
-func otelEnv(t *testing.T, otlp string) {
+func otelEnv(t *testing.T, otlp string) { otelEnvProto(t, otlp, "http/protobuf") }
+
+func otelEnvProto(t *testing.T, otlp, protocol string) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+otlp)
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
 	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
 	t.Setenv("OTEL_METRICS_EXPORTER", "none")
 	t.Setenv("OTEL_SERVICE_NAME", "tokentap-test")
@@ -253,14 +256,25 @@ func withOSEnv(e *Env) { e.Getenv = os.Getenv }
 // first-token event, error.type on a failed stream, no content; and the
 // engine received our traceparent.
 func TestTracesInJaeger(t *testing.T) {
-	otlp, query := startJaeger(t)
-	otelEnv(t, otlp)
+	otlp, query, otlpGRPC := startJaeger(t)
+	for _, proto := range []struct{ name, endpoint string }{{"http/protobuf", otlp}, {"grpc", otlpGRPC}} {
+		t.Run(strings.ReplaceAll(proto.name, "/", "-"), func(t *testing.T) {
+			otelEnvProto(t, proto.endpoint, proto.name)
+			tracesInJaeger(t, query, proto.name == "grpc")
+		})
+	}
+}
+
+func tracesInJaeger(t *testing.T, query string, second bool) {
 	up := &traceUpstream{parent: map[string]string{}}
 	us := httptest.NewServer(up)
 	defer us.Close()
 	a, records := startSidecarEnv(t, us.URL, withOSEnv)
 
-	const tid, incoming = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	tid, incoming := "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	if second { // a trace of its own for the second protocol
+		tid = "5cf92f3577b34da6a3ce929d0e0e4737"
+	}
 	send(t, a.Proxy, "ok", "00-"+tid+"-"+incoming+"-01")
 	send(t, a.Proxy, "fresh", "")
 	send(t, a.Proxy, "fail", "")
@@ -303,6 +317,22 @@ func TestTracesInJaeger(t *testing.T) {
 		t.Errorf("no first-token event on %+v", client.Logs)
 	}
 
+	// The TTFT histogram on the real /metrics, scraped with OpenMetrics
+	// negotiation, carries this trace as an exemplar.
+	req, _ := http.NewRequest("GET", "http://"+a.Admin+"/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		found := false
+		for _, l := range strings.Split(string(b), "\n") {
+			found = found || (strings.HasPrefix(l, "gen_ai_server_time_to_first_token_seconds_bucket") && strings.Contains(l, `gen_ai_request_model="ok"`) && strings.Contains(l, `trace_id="`+tid+`"`))
+		}
+		if !found {
+			t.Errorf("no exemplar with trace_id %s on the TTFT histogram", tid)
+		}
+	}
+
 	// A request without traceparent starts its own trace, found from the record.
 	if fresh := getTrace(t, query, recs["fresh"].TraceID, 2, 10*time.Second); fresh == nil {
 		t.Error("the fresh request's trace is not in Jaeger")
@@ -329,7 +359,7 @@ func TestTracesInJaeger(t *testing.T) {
 // TestKeepSlowOrFailedInJaeger: with keep_ratio 0, a request that missed
 // its SLO and one that failed arrive in Jaeger; a good one does not.
 func TestKeepSlowOrFailedInJaeger(t *testing.T) {
-	otlp, query := startJaeger(t)
+	otlp, query, _ := startJaeger(t)
 	otelEnv(t, otlp)
 	up := &traceUpstream{parent: map[string]string{}}
 	us := httptest.NewServer(up)
@@ -360,5 +390,38 @@ slo:
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// On shutdown the sidecar flushes the spans its batch processor still
+// holds: with a 60 s export delay, nothing leaves before the shutdown.
+func TestShutdownFlushesSpans(t *testing.T) {
+	otlp, query, _ := startJaeger(t)
+	otelEnv(t, otlp)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+	up := &traceUpstream{parent: map[string]string{}}
+	us := httptest.NewServer(up)
+	defer us.Close()
+	dir := t.TempDir()
+	records := filepath.Join(dir, "r.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan Addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"--upstream", us.URL, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--records", records},
+			Env{Getenv: os.Getenv, Stdout: io.Discard, Stderr: testWriter{t}, Ready: func(a Addrs) { ready <- a }})
+	}()
+	a := <-ready
+	send(t, a.Proxy, "ok", "")
+	rec := tracedRecords(t, records, 1)["ok"]
+	if getTrace(t, query, rec.TraceID, 1, 1500*time.Millisecond) != nil {
+		t.Fatal("spans left before the shutdown although the export delay is 60 s")
+	}
+	cancel() // what SIGTERM does in main
+	if err := <-done; err != nil {
+		t.Fatalf("exit: %v", err)
+	}
+	if getTrace(t, query, rec.TraceID, 2, 10*time.Second) == nil {
+		t.Fatal("shutdown did not flush the spans")
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -97,4 +99,46 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// The OTLP metrics carry the semantic-convention names and units and the
+// same explicit bucket boundaries as /metrics.
+func TestOTelMetricsSemconv(t *testing.T) {
+	rd := sdkmetric.NewManualReader()
+	om, err := NewOTelMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := record.New(3)
+	r.Arrive = time.Now()
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", "live", true, record.Success
+	for _, ms := range []int{100, 130, 170} {
+		r.AddToken(r.Arrive.Add(time.Duration(ms)*time.Millisecond), 1, true)
+	}
+	r.Terminal, r.InputTokens, r.OutputTokens = r.Arrive.Add(180*time.Millisecond), 5, 3
+	om.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
+	var rm metricdata.ResourceMetrics
+	if err := rd.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			got[m.Name] = m
+		}
+	}
+	for name, unit := range map[string]string{"gen_ai.server.time_to_first_token": "s", "gen_ai.server.time_per_output_token": "s",
+		"gen_ai.server.request.duration": "s", "gen_ai.client.inference.usage.input_tokens": "{token}",
+		"gen_ai.client.inference.usage.output_tokens": "{token}", "tokentap.inter_token_latency": "s", "tokentap.requests": "{request}"} {
+		if m, ok := got[name]; !ok || m.Unit != unit {
+			t.Errorf("%s: present %v unit %q, want %q", name, ok, m.Unit, unit)
+		}
+	}
+	h := got["gen_ai.server.time_to_first_token"].Data.(metricdata.Histogram[float64])
+	if dp := h.DataPoints[0]; len(dp.Bounds) != len(TTFTBuckets) || dp.Bounds[0] != 0.001 || dp.Count != 1 || dp.Sum != 0.1 {
+		t.Errorf("TTFT: bounds %v count %d sum %v", dp.Bounds[:3], dp.Count, dp.Sum)
+	}
+	if itl := got["tokentap.inter_token_latency"].Data.(metricdata.Histogram[float64]); itl.DataPoints[0].Count != 2 {
+		t.Errorf("ITL observations %d, want 2 gaps", itl.DataPoints[0].Count)
+	}
 }
