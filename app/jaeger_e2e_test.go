@@ -425,3 +425,24 @@ func TestShutdownFlushesSpans(t *testing.T) {
 		t.Fatal("shutdown did not flush the spans")
 	}
 }
+
+// In front of the built-in simulator, as the README's first command runs
+// it: the inference span of a real completion reaches Jaeger with the
+// simulator's model and the record's token counts.
+func TestSimulatorTraceInJaeger(t *testing.T) {
+	otlp, query, _ := startJaeger(t)
+	otelEnv(t, otlp)
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte("simulator: {error_prob: 0, stall_prob: 0}\nprobes: {probes: []}\n"), 0o644)
+	a, records := startSidecarEnv(t, "", withOSEnv, "--config", cfg)
+	send(t, a.Proxy, "tokentap-sim", "")
+	rec := tracedRecords(t, records, 1)["tokentap-sim"]
+	tr := getTrace(t, query, rec.TraceID, 2, 15*time.Second)
+	if tr == nil {
+		t.Fatal("no trace from the simulator run")
+	}
+	_, client := byKind(tr)
+	if client.OperationName != "chat tokentap-sim" || client.tag("gen_ai.usage.output_tokens") != float64(rec.Output) || client.tag("gen_ai.response.model") != "tokentap-sim" {
+		t.Fatalf("client span %q, output tokens %v (record %d), response model %v", client.OperationName, client.tag("gen_ai.usage.output_tokens"), rec.Output, client.tag("gen_ai.response.model"))
+	}
+}
