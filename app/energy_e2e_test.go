@@ -55,7 +55,10 @@ func TestEnergyEndToEndWithMockGPU(t *testing.T) {
 	dir := t.TempDir()
 	cfg := dir + "/c.yaml"
 	os.WriteFile(cfg, []byte("energy:\n  enabled: on\n  interval: 100ms\n  models:\n    m: {weight_bytes: 16e9, kv_bytes_per_token: 131072}\n"), 0o644)
+	otlp, query, _ := startJaeger(t) // the span carries the energy too
+	otelEnv(t, otlp)
 	a, records := startSidecarEnv(t, us.URL, func(e *Env) {
+		e.Getenv = os.Getenv
 		e.OpenGPU = func(sel []string, none bool) (gpu.Source, error) { return gpu.NewNVML(srv, sel, none) }
 	}, "--config", cfg)
 	resp, err := http.Post("http://"+a.Proxy+"/v1/chat/completions", "application/json",
@@ -68,6 +71,7 @@ func TestEnergyEndToEndWithMockGPU(t *testing.T) {
 	var rec struct {
 		EnergyJ      float64 `json:"energy_j"`
 		EnergySource string  `json:"energy_source"`
+		TraceID      string  `json:"trace_id"`
 		SOL          float64 `json:"decode_sol_ratio"`
 	}
 	waitUntil(t, "the record, written after its last interval", 5*time.Second, func() bool {
@@ -84,6 +88,13 @@ func TestEnergyEndToEndWithMockGPU(t *testing.T) {
 	// little KV; a 100 ms TPOT is a tiny fraction of it.
 	if rec.SOL <= 0 || rec.SOL > 0.01 {
 		t.Fatalf("decode speed-of-light ratio %v", rec.SOL)
+	}
+	tr := getTrace(t, query, rec.TraceID, 2, 15*time.Second)
+	if tr == nil {
+		t.Fatal("no trace for the request")
+	}
+	if _, c := byKind(tr); c.tag("tokentap.energy_j") != rec.EnergyJ || c.tag("tokentap.energy_source") != "counter" {
+		t.Errorf("span energy %v (%v), record %v", c.tag("tokentap.energy_j"), c.tag("tokentap.energy_source"), rec.EnergyJ)
 	}
 	m := scrape(t, a.Admin)
 	for _, want := range []string{"tokentap_energy_enabled 1", `tokentap_energy_info{reason="nvml",state="on"} 1`,

@@ -361,6 +361,7 @@ func (s *Sampler) finish(r *Req) {
 			s.sol.WithLabelValues(model).Observe(ratio)
 		}
 	}
+	rec.EndTrace() // the spans carry the energy too
 	s.next.Write(rec)
 }
 

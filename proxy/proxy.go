@@ -358,7 +358,11 @@ func (p *Proxy) finish(st *reqState) {
 	}
 	p.tokens(st)
 	st.obs.End(rec) // the SLO verdicts are set here: the spans carry them
-	p.endSpans(st)
+	if st.spans != nil && rec.Energy != nil {
+		rec.Trace = spanEnder{p, st} // the energy meter ends them with the energy set
+	} else {
+		p.endSpans(st)
+	}
 	p.opts.Records.Write(rec)
 }
 

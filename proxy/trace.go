@@ -140,6 +140,13 @@ func route(r *http.Request) string {
 	return p
 }
 
+type spanEnder struct {
+	p  *Proxy
+	st *reqState
+}
+
+func (e spanEnder) EndTrace(*record.Record) { e.p.endSpans(e.st) }
+
 // endSpans sets the attributes known at the end and closes both spans at
 // the terminal instant.
 func (p *Proxy) endSpans(st *reqState) {
@@ -212,6 +219,11 @@ func (p *Proxy) endSpans(st *reqState) {
 		attribute.String("tokentap.traffic", rec.Traffic),
 		attribute.Int("tokentap.stalls", rec.Stalls),
 		attribute.String("tokentap.record_id", rec.ID))
+	if rec.EnergySource != "" {
+		add(attribute.Float64("tokentap.energy_j", rec.EnergyJ),
+			attribute.Float64("tokentap.energy_dynamic_j", rec.EnergyDynamicJ),
+			attribute.String("tokentap.energy_source", rec.EnergySource))
+	}
 	if len(rec.SLO) > 0 {
 		qualified := true
 		var failed []string

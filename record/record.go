@@ -131,6 +131,9 @@ type Record struct {
 	// Energy is the energy meter's handle for this request (package gpu);
 	// nil when energy is off.
 	Energy EnergyHandle
+	// Trace, when set, must be called once the record is complete
+	// (energy included) to end the request's spans.
+	Trace TraceEnder
 	// EnergyJ is the GPU energy attributed to the request, EnergyDynamicJ
 	// the part above the idle baseline; EnergySource says how it was
 	// measured ("" when energy is off).
@@ -139,6 +142,22 @@ type Record struct {
 	// DecodeSOL is the measured decode rate as a fraction of the memory-
 	// bandwidth ceiling (0 when unknown).
 	DecodeSOL float64
+}
+
+// TraceEnder ends a request's spans. When energy is measured, ending is
+// left to whoever sets the energy last (the spans carry it too); the
+// spans keep their true end time, which is the record's Terminal.
+type TraceEnder interface {
+	EndTrace(r *Record)
+}
+
+// EndTrace ends r's spans if that was left to the caller.
+func (r *Record) EndTrace() {
+	if r.Trace != nil {
+		t := r.Trace
+		r.Trace = nil
+		t.EndTrace(r)
+	}
 }
 
 // EnergyMeter tracks requests for energy attribution. Start is called
