@@ -297,7 +297,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 	} else if st.info.API != record.APIOther {
 		st.obs.TapFailed("content_encoding")
-		st.rec.TapFailed = true
+		st.rec.TapFailed = "content_encoding"
 	}
 	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
 	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
@@ -417,7 +417,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	if rec.Outcome == record.Success && rec.Malformed {
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrMalformed
 	}
-	if rec.Outcome == record.Success && rec.TapFailed && t.kind != bodyOpaque {
+	if rec.Outcome == record.Success && rec.TapFailed != "" && t.kind != bodyOpaque {
 		rec.ErrorType = "" // fail open: still a success for the client
 	}
 	switch {
@@ -439,7 +439,7 @@ func (p *Proxy) tokens(st *reqState) {
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "token_ids"
 	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceLogprobs && rec.TokenEvents() > 0:
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "logprobs"
-	case t != nil && t.kind == bodySSE && !rec.TapFailed:
+	case t != nil && t.kind == bodySSE && rec.TapFailed == "":
 		rec.OutputTokens, rec.TokenSource = int64(rec.TokenEvents()), "events"
 	default:
 		rec.OutputTokens, rec.TokenSource = -1, "none"

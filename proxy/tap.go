@@ -186,7 +186,7 @@ func (t *tap) recoverTap() {
 func (t *tap) fail(reason string) {
 	t.failed = true
 	t.pending = nil
-	t.st.rec.TapFailed = true
+	t.st.rec.TapFailed = reason
 	t.st.obs.TapFailed(reason)
 	if t.strip { // release everything held, unchanged
 		t.out = append(t.out, t.held...)

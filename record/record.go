@@ -97,7 +97,7 @@ type Record struct {
 	// TraceID and SpanID identify the request's inference span when it is
 	// traced and sampled; "" otherwise.
 	TraceID, SpanID string
-	TapFailed       bool  // the tap gave up on this response (fail open)
+	TapFailed       string // why the tap gave up on this response (fail open); "" if it did not
 	MaxTokens       int64 // requested max_tokens, 0 when not sent
 
 	Arrive           time.Time // request headers read: the zero of every offset
@@ -353,6 +353,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	}
 	if r.UsageInjected {
 		b = append(b, `"usage_injected":true,`...)
+	}
+	if r.TapFailed != "" {
+		str("tap_failed", r.TapFailed)
 	}
 	d, ok := r.TTFB()
 	opt("ttfb_ms", d, ok)
