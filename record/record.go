@@ -98,7 +98,7 @@ type Record struct {
 	// traced and sampled; "" otherwise.
 	TraceID, SpanID string
 	TapFailed       string // why the tap gave up on this response (fail open); "" if it did not
-	MaxTokens       int64 // requested max_tokens, 0 when not sent
+	MaxTokens       int64  // requested max_tokens, 0 when not sent
 
 	Arrive           time.Time // request headers read: the zero of every offset
 	UpstreamSent     time.Time
