@@ -1,25 +1,76 @@
 #!/usr/bin/env bash
-# Installs the real tools the integration tests use. Idempotent; needs root
-# for apt-get. Versions are pinned here and nowhere else.
+# Installs the real tools that the tests and CI gates use. Idempotent: a tool
+# that is already installed at its pinned version is left alone, so a second
+# run builds nothing. Needs root for apt-get (prometheus, promtool).
+#
+#   prometheus, promtool  Debian package (the SLO and rules tests)
+#   jaeger                v1.76.0, pinned in tools/jaeger/go.mod (a real OTLP
+#                         receiver for the tracing tests); built from source,
+#                         about ten minutes on two cores the first time
+#   staticcheck           pinned below; `go install`ed
+#
+# Go binaries go to $(go env GOBIN), or $(go env GOPATH)/bin when GOBIN is
+# unset; put that folder on PATH (scripts/test.sh does).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+STATICCHECK_VERSION=v0.8.2 # honnef.co/go/tools/cmd/staticcheck
+# Jaeger's version is the one that tools/jaeger/go.mod requires.
+JAEGER_VERSION="$(awk '$1 == "github.com/jaegertracing/jaeger" { print $2; exit }' "$root/tools/jaeger/go.mod")"
+if [ -z "$JAEGER_VERSION" ]; then
+  echo "install-test-tools: no github.com/jaegertracing/jaeger requirement in tools/jaeger/go.mod" >&2
+  exit 1
+fi
+
+gobin="$(go env GOBIN)"
+[ -n "$gobin" ] || gobin="$(go env GOPATH)/bin"
+mkdir -p "$gobin"
+
+# modversion BIN MODULE: the version of MODULE that the Go binary BIN was
+# built with (as the main module or a dependency), or nothing.
+modversion() {
+  [ -x "$1" ] || return 0
+  go version -m "$1" 2>/dev/null | awk -v m="$2" '($1 == "mod" || $1 == "dep") && $2 == m { print $3; exit }'
+}
+# gotoolchain BIN: the Go release that built BIN (go1.26.8), or nothing.
+gotoolchain() {
+  [ -x "$1" ] || return 0
+  go version "$1" 2>/dev/null | awk '{ print $2 }'
+}
+
+# prometheus and promtool (Debian).
 need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing prometheus (apt-get; needs root)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   # The Debian package starts a system Prometheus on :9090; the tests start
   # their own on free loopback ports and need no system one.
   (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
 fi
-# Jaeger v1.76.0, pinned in tools/jaeger (a real OTLP receiver for the
-# tracing tests). Built once; a few minutes on two cores.
-if ! command -v jaeger >/dev/null 2>&1; then
-  gobin="$(go env GOPATH)/bin"
-  mkdir -p "$gobin"
-  (cd "$(dirname "$0")/../tools/jaeger" && go build -o "$gobin/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
+
+# jaeger, built from the pinned tool module. Rebuilt only when the binary is
+# missing or was built from another Jaeger version.
+have="$(modversion "$gobin/jaeger" github.com/jaegertracing/jaeger)"
+if [ "$have" != "$JAEGER_VERSION" ]; then
+  echo "building jaeger $JAEGER_VERSION from tools/jaeger (have: ${have:-none}; ~10 min on two cores)"
+  (cd "$root/tools/jaeger" && go build -o "$gobin/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
 fi
-echo "jaeger:     $(command -v jaeger) (v1.76.0, tools/jaeger)"
-echo "prometheus: $(prometheus --version 2>&1 | head -1)"
-echo "promtool:   $(promtool --version 2>&1 | head -1)"
+
+# staticcheck. Rebuilt when missing, at another version, or built by another
+# Go release (staticcheck must understand the Go version it checks).
+have="$(modversion "$gobin/staticcheck" honnef.co/go/tools)"
+have_go="$(gotoolchain "$gobin/staticcheck")"
+want_go="$(go env GOVERSION)"
+if [ "$have" != "$STATICCHECK_VERSION" ] || [ "$have_go" != "$want_go" ]; then
+  echo "installing staticcheck $STATICCHECK_VERSION (have: ${have:-none} ${have_go})"
+  GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+
+echo "jaeger:      $gobin/jaeger ($(modversion "$gobin/jaeger" github.com/jaegertracing/jaeger), tools/jaeger)"
+echo "staticcheck: $gobin/staticcheck ($("$gobin/staticcheck" -version 2>&1 | head -1))"
+echo "prometheus:  $(command -v prometheus) ($(prometheus --version 2>&1 | head -1))"
+echo "promtool:    $(command -v promtool) ($(promtool --version 2>&1 | head -1))"

@@ -1,7 +1,7 @@
 // Package testtool finds the real external tools that integration tests
-// use (prometheus, promtool). Outside CI a missing tool skips the test,
-// loudly; with CI=true it fails it: an integration test never passes by
-// not running.
+// use (prometheus, promtool, jaeger). Outside CI a missing tool skips the
+// test, loudly; with CI=true it fails it: an integration test never passes
+// by not running. scripts/test.sh installs every tool and sets CI=true.
 package testtool
 
 import (
@@ -10,7 +10,8 @@ import (
 	"testing"
 )
 
-// Need returns the path of the named program or ends the test.
+// Need returns the path of the named program or ends the test: with
+// CI=true it fails the test, otherwise it skips it.
 func Need(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
@@ -18,8 +19,13 @@ func Need(t testing.TB, name string) string {
 		return p
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not installed, and CI=true: run scripts/install-test-tools.sh", name)
+		t.Fatalf("FAILED: %s is not installed, and CI=true: run scripts/test.sh to install it", name)
+		return ""
 	}
-	t.Skipf("SKIPPED: %s is not installed (scripts/install-test-tools.sh installs it; with CI=true this fails)", name)
+	t.Skipf("\n"+
+		"    ************************************************************\n"+
+		"    SKIPPED: %s is not installed: run scripts/test.sh to install it\n"+
+		"    (this integration test did not run; with CI=true it fails)\n"+
+		"    ************************************************************", name)
 	return ""
 }

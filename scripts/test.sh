@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The one test command: the README's, and exactly what CI runs (.ci/run calls
+# this script).
+#
+#   scripts/test.sh            everything below
+#   scripts/test.sh --quick    everything but the bounded fuzzing
+#
+# Steps, in order; the first that fails stops the run with a non-zero status:
+#   tools        scripts/install-test-tools.sh: prometheus and promtool (apt-get,
+#                needs root), Jaeger and staticcheck at their pinned versions.
+#                Idempotent: once installed, nothing is rebuilt.
+#   tidy         `go mod tidy -diff`: go.mod and go.sum must be tidy
+#   vet          `go vet ./...`
+#   staticcheck  `staticcheck ./...` (the pinned one)
+#   build        a CGO_ENABLED=0 build of ./cmd/sidecar
+#   test         `go test -race -count=1 ./...` with CI=true, so an integration
+#                test whose tool is missing fails instead of skipping
+#   fuzz         every fuzz target (found with `go test -list '^Fuzz'`) for
+#                FUZZTIME each (default 15s); skipped with --quick
+#
+# Environment: FUZZTIME (default 15s); CGO_CFLAGS (default: -O2 -g
+# -Wno-deprecated-declarations, for go-nvml's header warnings).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=false
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=true ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument: $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+export PATH="$PATH:/usr/local/go/bin"
+gobin="$(go env GOBIN)"
+[ -n "$gobin" ] || gobin="$(go env GOPATH)/bin"
+# The pinned tools come first, ahead of any other copy on PATH.
+export PATH="$gobin:$PATH"
+# Integration tests never skip here: the tools are installed first.
+export CI=true
+# go-nvml's C header marks old NVML calls deprecated; we call none of them.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
+fuzztime="${FUZZTIME:-15s}"
+
+current=""
+run_start=$SECONDS
+step_start=$SECONDS
+step() {
+  if [ -n "$current" ]; then
+    printf '== ok: %s (%ds)\n' "$current" $((SECONDS - step_start))
+  fi
+  current="$1"
+  step_start=$SECONDS
+  printf '\n==== %s\n' "$*"
+}
+finish() {
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    printf '\n==== FAILED: %s (exit status %d, after %ds)\n' "${current:-setup}" "$rc" $((SECONDS - run_start)) >&2
+  fi
+}
+trap finish EXIT
+
+step "tools" "(scripts/install-test-tools.sh)"
+bash scripts/install-test-tools.sh
+
+step "tidy" "(go mod tidy -diff)"
+if ! go mod tidy -diff; then
+  echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result" >&2
+  exit 1
+fi
+
+step "vet" "(go vet ./...)"
+go vet ./...
+
+step "staticcheck" "(staticcheck ./...)"
+"$gobin/staticcheck" ./...
+
+step "build" "(CGO_ENABLED=0 go build ./cmd/sidecar)"
+CGO_ENABLED=0 go build -o "${TMPDIR:-/tmp}/tokentap-sidecar-static" ./cmd/sidecar
+
+step "test" "(CI=true go test -race -count=1 ./...)"
+go test -race -count=1 ./...
+
+if [ "$quick" = true ]; then
+  step "fuzz" "(skipped: --quick)"
+else
+  step "fuzz" "(each target for $fuzztime)"
+  # `go test -list` prints a package's matching names, then its "ok" line.
+  listing="$(go test -list '^Fuzz' ./...)"
+  mapfile -t targets < <(awk '
+    /^Fuzz[A-Za-z0-9_]*$/ { names[++n] = $0; next }
+    $1 == "ok" { for (i = 1; i <= n; i++) print $2, names[i]; n = 0 }
+  ' <<<"$listing")
+  if [ ${#targets[@]} -eq 0 ]; then
+    echo "no fuzz targets found"
+  fi
+  for t in "${targets[@]}"; do
+    pkg="${t% *}" name="${t#* }"
+    printf -- '-- %s %s\n' "$pkg" "$name"
+    go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg"
+  done
+fi
+
+step "done"
+printf '== all steps passed in %ds\n' $((SECONDS - run_start))
