@@ -32,7 +32,6 @@ type Chunk struct {
 	PromptTokens     int64
 	CompletionTokens int64
 	CachedTokens     int64 // usage.prompt_tokens_details.cached_tokens
-	ReasoningTokens  int64 // usage.completion_tokens_details.reasoning_tokens
 	FinishReason     []byte
 	ID, Model        []byte
 }
@@ -135,11 +134,10 @@ func ParseOpenAI(data []byte, c *Chunk) {
 }
 
 func parseError(v []byte, c *Chunk) {
-	if s, ok := strVal(v); ok { // TGI: "error":"message"
+	if _, ok := strVal(v); ok { // TGI: "error":"message"
 		if c.ErrorType == nil {
 			c.ErrorType = []byte("error")
 		}
-		_ = s
 		return
 	}
 	eachMember(v, func(k, v []byte) bool {
@@ -234,13 +232,6 @@ func parseUsage(v []byte, c *Chunk) {
 			eachMember(v, func(k, v []byte) bool {
 				if string(k) == "cached_tokens" {
 					c.CachedTokens, _ = intVal(v)
-				}
-				return true
-			})
-		case "completion_tokens_details":
-			eachMember(v, func(k, v []byte) bool {
-				if string(k) == "reasoning_tokens" {
-					c.ReasoningTokens, _ = intVal(v)
 				}
 				return true
 			})

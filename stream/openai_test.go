@@ -169,6 +169,24 @@ func FuzzFramer(f *testing.F) {
 		if len(whole) != len(split) {
 			t.Fatalf("%q split at %d,%d: %d events, whole: %d", in, i, j, len(split), len(whole))
 		}
+		// Outside the events' ranges there are only stray blank lines
+		// (and a BOM that came first): the ranges tile the stream.
+		var at int64
+		gap := func(to int64) {
+			for ; at < to; at++ {
+				if c := in[at]; c != '\r' && c != '\n' && !(at < 3 && bytes.HasPrefix(in, bom)) {
+					t.Fatalf("%q: byte %d (%q) belongs to no event %+v", in, at, c, whole)
+				}
+			}
+		}
+		for _, w := range whole {
+			if w.Start < at {
+				t.Fatalf("%q: event %+v overlaps what came before %d", in, w, at)
+			}
+			gap(w.Start)
+			at = w.End
+		}
+		gap(int64(len(in)))
 		var prev int64
 		for k := range whole {
 			w, s := whole[k], split[k]

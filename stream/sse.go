@@ -41,13 +41,17 @@ type Framer struct {
 	name      []byte // event name of the event being built
 	hasData   bool
 	hasFields bool  // any line other than the terminator since the last dispatch
+	dropping  bool  // the event being built overflowed: its lines are discarded
+	skipLine  bool  // the current line overflowed: its bytes are discarded
 	offset    int64 // bytes consumed so far
 	evStart   int64 // offset of the first byte of the event being built
-	lineStart int64 // offset of the first byte of the current line
 	afterCR   bool  // the last byte consumed was a CR that ended a line
 	started   bool  // the first line has been seen (BOM handling)
-	// MaxEventBytes bounds the bytes buffered for one event (line + data).
-	// Zero means 1 MiB. An event over the bound sets Overflow and is dropped.
+	// MaxEventBytes bounds the bytes buffered for one event: the length of
+	// each of its lines (without the line ending, and without the BOM that
+	// may start the stream) and the length of its data. Zero means 1 MiB.
+	// An event over the bound sets Overflow and is dropped: it is never
+	// dispatched, and the events after it are.
 	MaxEventBytes int
 	// Overflow is set once an event exceeded MaxEventBytes.
 	Overflow bool
@@ -56,17 +60,20 @@ type Framer struct {
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
 
-// Reset makes the Framer ready for a new stream, keeping its buffers.
-func (f *Framer) Reset() {
-	max := f.MaxEventBytes
-	*f = Framer{line: f.line[:0], data: f.data[:0], name: f.name[:0], MaxEventBytes: max}
-}
-
 func (f *Framer) limit() int {
 	if f.MaxEventBytes > 0 {
 		return f.MaxEventBytes
 	}
 	return 1 << 20
+}
+
+// lineLimit is the bound on the raw bytes of a line: the first line may
+// also hold the BOM, which does not count (processLine checks the rest).
+func (f *Framer) lineLimit() int {
+	if !f.started {
+		return f.limit() + len(bom)
+	}
+	return f.limit()
 }
 
 // Feed consumes p and calls fn for every event completed by it.
@@ -80,27 +87,22 @@ func (f *Framer) Feed(p []byte, fn func(*Event)) {
 				if f.evStart == f.offset-1 {
 					f.evStart = f.offset
 				}
-				f.lineStart = f.offset
 				continue
 			}
 		}
 		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
-			if len(f.line)+len(p) > f.limit() {
-				f.Overflow = true
+			f.offset += int64(len(p))
+			switch {
+			case f.skipLine:
+			case len(f.line)+len(p) > f.lineLimit():
+				f.overflow()
+				f.skipLine = true
 				f.line = f.line[:0]
-			} else {
+			default:
 				f.line = append(f.line, p...)
 			}
-			f.offset += int64(len(p))
 			return
-		}
-		var line []byte
-		if len(f.line) > 0 {
-			f.line = append(f.line, p[:i]...)
-			line = f.line
-		} else {
-			line = p[:i]
 		}
 		eol := 1
 		if p[i] == '\r' {
@@ -113,37 +115,68 @@ func (f *Framer) Feed(p []byte, fn func(*Event)) {
 			}
 		}
 		f.offset += int64(i + eol)
-		f.processLine(line, fn)
+		switch {
+		case f.skipLine:
+			f.skipLine = false
+		case len(f.line)+i > f.lineLimit():
+			f.overflow()
+		case len(f.line) > 0:
+			f.line = append(f.line, p[:i]...)
+			f.processLine(f.line, fn)
+		default:
+			f.processLine(p[:i], fn)
+		}
 		f.line = f.line[:0]
-		f.lineStart = f.offset
 		p = p[i+eol:]
 	}
 }
 
 // Finish ends the stream: an event the stream ended inside is dispatched
-// with Partial set. The Framer must be Reset before it is fed again.
+// with Partial set. A Framer reads one stream: after Finish, use a new
+// one (the zero value) for the next stream.
 func (f *Framer) Finish(fn func(*Event)) {
 	if len(f.line) > 0 {
-		line := f.line
-		f.processLine(line, nil)
+		f.processLine(f.line, nil)
 		f.line = f.line[:0]
 	}
-	if f.hasFields {
+	f.skipLine = false
+	switch {
+	case f.dropping:
+		f.endEvent()
+	case f.hasFields:
 		f.dispatch(fn, true)
 	}
+}
+
+// overflow drops the event being built: its lines up to the blank line
+// that ends it are discarded.
+func (f *Framer) overflow() {
+	f.Overflow = true
+	f.dropping = true
+	f.started = true
 }
 
 func (f *Framer) processLine(line []byte, fn func(*Event)) {
 	if !f.started {
 		f.started = true
 		line = bytes.TrimPrefix(line, bom)
+		if len(line) > f.limit() {
+			f.overflow()
+			return
+		}
 	}
 	if len(line) == 0 {
-		if f.hasFields {
+		switch {
+		case f.dropping:
+			f.endEvent()
+		case f.hasFields:
 			f.dispatch(fn, false)
-		} else {
+		default:
 			f.evStart = f.offset // a stray blank line belongs to no event
 		}
+		return
+	}
+	if f.dropping {
 		return
 	}
 	f.hasFields = true
@@ -161,12 +194,16 @@ func (f *Framer) processLine(line []byte, fn func(*Event)) {
 	}
 	switch string(field) { // no allocation: the compiler special-cases this
 	case "data":
+		n := len(f.data) + len(value)
+		if f.hasData {
+			n++
+		}
+		if n > f.limit() {
+			f.overflow()
+			return
+		}
 		if f.hasData {
 			f.data = append(f.data, '\n')
-		}
-		if len(f.data)+len(value) > f.limit() {
-			f.Overflow = true
-			return
 		}
 		f.data = append(f.data, value...)
 		f.hasData = true
@@ -180,10 +217,17 @@ func (f *Framer) dispatch(fn func(*Event), partial bool) {
 	if fn != nil {
 		fn(&f.ev)
 	}
+	f.endEvent()
+}
+
+// endEvent makes the Framer ready for the next event, which starts at the
+// current offset.
+func (f *Framer) endEvent() {
 	f.data = f.data[:0]
 	f.name = f.name[:0]
 	f.hasData = false
 	f.hasFields = false
+	f.dropping = false
 	f.evStart = f.offset
 }
 

@@ -1,10 +1,7 @@
 package stream
 
 import (
-	"fmt"
-	"math/rand/v2"
 	"reflect"
-	"strings"
 	"testing"
 )
 
@@ -97,43 +94,6 @@ func TestFramerSplitInvariance(t *testing.T) {
 		if got := norm(in, frameAll(bytewise...)); !reflect.DeepEqual(got, want) {
 			t.Fatalf("bytewise %q:\n got %+v\nwant %+v", in, got, want)
 		}
-	}
-}
-
-// The events' [Start,End) ranges tile the stream: concatenating the raw
-// bytes of every event and the gaps between them gives the input back.
-func TestFramerRangesCoverStream(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	for n := 0; n < 200; n++ {
-		var sb strings.Builder
-		eol := []string{"\n", "\r\n", "\r"}[r.IntN(3)]
-		for e := 0; e < 1+r.IntN(6); e++ {
-			if r.IntN(4) == 0 {
-				sb.WriteString(":c" + eol)
-			}
-			fmt.Fprintf(&sb, "data: {\"n\":%d}%s%s", e, eol, eol)
-		}
-		in := sb.String()
-		evs := frameAll(in)
-		var prev int64
-		for _, e := range evs {
-			if e.Start < prev || e.End < e.Start || e.End > int64(len(in)) {
-				t.Fatalf("bad range %+v after %d in %q", e, prev, in)
-			}
-			if !strings.Contains(in[e.Start:e.End], e.Data) {
-				t.Fatalf("range %q does not hold data %q", in[e.Start:e.End], e.Data)
-			}
-			prev = e.End
-		}
-	}
-}
-
-func TestFramerOverflow(t *testing.T) {
-	f := Framer{MaxEventBytes: 16}
-	n := 0
-	f.Feed([]byte("data: "+strings.Repeat("x", 64)+"\n\ndata: ok\n\n"), func(*Event) { n++ })
-	if !f.Overflow {
-		t.Fatal("Overflow not set for a 64-byte event with a 16-byte bound")
 	}
 }
 
