@@ -19,12 +19,6 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/tokentap/tokentap/exporter"
-	"github.com/tokentap/tokentap/gpu"
-	"github.com/tokentap/tokentap/probe"
-	"github.com/tokentap/tokentap/simengine"
-	"github.com/tokentap/tokentap/slo"
 )
 
 // Config is the whole configuration. The zero value is not useful; start
@@ -58,18 +52,18 @@ type Config struct {
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// Simulator configures the built-in engine used when Upstream is empty.
-	Simulator simengine.Config `yaml:"simulator"`
+	Simulator Simulator `yaml:"simulator"`
 	// SLO declares the service level objectives, request classes and the
 	// stall threshold (docs/slo.md).
-	SLO slo.Config `yaml:"slo"`
+	SLO SLO `yaml:"slo"`
 	// Probes declares the canary probes (docs/probe.md). With the built-in
 	// simulator and no probes declared, one default probe runs.
-	Probes probe.Config `yaml:"probes"`
+	Probes Probes `yaml:"probes"`
 	// Energy configures GPU energy measurement (docs/energy.md).
-	Energy gpu.Config `yaml:"energy"`
+	Energy Energy `yaml:"energy"`
 	// Tracing configures OTel spans beyond the OTEL_* environment
 	// (docs/tracing.md).
-	Tracing exporter.TracingConfig `yaml:"tracing"`
+	Tracing Tracing `yaml:"tracing"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -89,7 +83,7 @@ func Defaults() Config {
 		UpstreamHealthPath: "/health",
 		ShutdownGrace:      30 * time.Second,
 		LogLevel:           "info",
-		Simulator:          simengine.Defaults(),
+		Simulator:          SimulatorDefaults(),
 	}
 }
 
@@ -268,12 +262,21 @@ func (c *Config) Validate() []error {
 	default:
 		bad("log_level: must be debug, info, warn or error, got %q", c.LogLevel)
 	}
-	for _, p := range c.Simulator.Validate() {
-		errs = append(errs, errors.New(p))
-	}
+	errs = append(errs, c.Simulator.Validate()...)
 	errs = append(errs, c.SLO.WithDefaults().Validate()...)
 	errs = append(errs, c.Probes.Validate()...)
 	errs = append(errs, c.Energy.Validate()...)
 	errs = append(errs, c.Tracing.Validate()...)
 	return errs
+}
+
+// Redacted returns a URL with its password replaced by "xxxxx", for logs
+// and printed configuration; a string that is not a URL comes back as it
+// was.
+func Redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
 }

@@ -57,3 +57,6 @@ func (l *ModelLabels) Label(model string) string {
 	l.n++
 	return model
 }
+
+// Models returns the model-label bound, shared with every backend.
+func (m *Metrics) Models() *ModelLabels { return m.models }

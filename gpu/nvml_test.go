@@ -76,10 +76,6 @@ func mockServer(t *testing.T, scripts ...*script) *server.Server {
 	return srv
 }
 
-type sinkFunc func(*record.Record)
-
-func (f sinkFunc) Write(r *record.Record) { f(r) }
-
 // sampler over the mock: Tick(k) samples at k seconds after t0 and moves
 // every script to its next step.
 type rig struct {
@@ -96,8 +92,17 @@ func newRig(t *testing.T, cfg Config, scripts ...*script) *rig {
 		t.Fatal(err)
 	}
 	r := &rig{scripts: scripts, t0: time.Unix(1000, 0), reg: prometheus.NewRegistry()}
-	r.s = NewSampler(src, cfg, r.reg, sinkFunc(func(rec *record.Record) { r.written = append(r.written, rec) }), nil)
+	r.s = NewSampler(src, cfg, r.reg)
 	return r
+}
+
+// hold holds rec for h as the pipeline does: the attribution is copied
+// into the record, which is then "written".
+func (r *rig) hold(h *Req, rec *record.Record) {
+	r.s.Hold(h, rec, func(a Attribution) {
+		rec.EnergyJ, rec.EnergyDynamicJ, rec.EnergySource = a.EnergyJ, a.DynamicJ, a.Source
+		r.written = append(r.written, rec)
+	})
 }
 
 func (r *rig) tick(sec float64) {
@@ -190,9 +195,9 @@ func TestGPUErrorMidRun(t *testing.T) {
 func TestAttributionAcrossOverlappingRequests(t *testing.T) {
 	r := newRig(t, Config{PrefillWeight: 0.1}, &script{
 		energy: []uint64{0, 100_000, 600_000, 900_000, 1_100_000, 1_180_000}, power: []uint32{1, 1, 1, 1, 1, 1}})
-	rec := func(model string, out int64, h record.EnergyHandle) *record.Record {
+	rec := func(model string, out int64) *record.Record {
 		x := record.New(0)
-		x.Model, x.OutputTokens, x.Energy = model, out, h
+		x.Model, x.OutputTokens = model, out
 		return x
 	}
 	r.tick(0)
@@ -201,8 +206,8 @@ func TestAttributionAcrossOverlappingRequests(t *testing.T) {
 	a, b := r.s.Start(100), r.s.Start(50)
 	a.Tokens(10)
 	b.Tokens(30)
-	recB := rec("b", 30, b)
-	r.s.Write(recB)
+	recB := rec("b", 30)
+	r.hold(b, recB)
 	if len(r.written) != 0 {
 		t.Fatal("a record was written before its last interval was attributed")
 	}
@@ -212,13 +217,13 @@ func TestAttributionAcrossOverlappingRequests(t *testing.T) {
 	c := r.s.Start(0)
 	a.Tokens(5)
 	c.Tokens(5)
-	recC := rec("c", 5, c)
-	r.s.Write(recC)
+	recC := rec("c", 5)
+	r.hold(c, recC)
 	r.tick(3)
 	near(t, "C energy (shorter than one interval)", recC.EnergyJ, 150)
 	near(t, "C dynamic", recC.EnergyDynamicJ, 100)
-	recA := rec("a", 15, a)
-	r.s.Write(recA)
+	recA := rec("a", 15)
+	r.hold(a, recA)
 	r.tick(4)
 	near(t, "A energy", recA.EnergyJ, 500*20.0/55+150)
 	near(t, "A dynamic", recA.EnergyDynamicJ, 400*20.0/55+100)
@@ -254,9 +259,7 @@ func TestLateRecordAfterStopIsWritten(t *testing.T) {
 	r.tick(0)
 	h := r.s.Start(10)
 	r.s.flush()
-	rec := record.New(0)
-	rec.Energy = h
-	r.s.Write(rec)
+	r.hold(h, record.New(0))
 	if len(r.written) != 1 {
 		t.Fatalf("%d records written after stop, want 1", len(r.written))
 	}

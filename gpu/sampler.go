@@ -10,37 +10,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/record"
 )
 
-// ModelSpec describes a model for the decode speed-of-light ceiling.
-type ModelSpec struct {
-	WeightBytes     float64 `yaml:"weight_bytes"`
-	KVBytesPerToken float64 `yaml:"kv_bytes_per_token"`
-}
-
-// Config is the energy section of the configuration.
-type Config struct {
-	// Enabled is auto (default: on when NVML works), on (say loudly
-	// when it does not) or off.
-	Enabled string `yaml:"enabled"`
-	// Devices are GPU indices or UUIDs; empty means NVIDIA_VISIBLE_DEVICES,
-	// else CUDA_VISIBLE_DEVICES, else all.
-	Devices []string `yaml:"devices"`
-	// Interval between samples; 0 means 1s (see docs/energy.md: NVML
-	// refreshes its power readings about every 100 ms and its averaged
-	// power over one second; a window shorter than the counter's update
-	// reads 0 J).
-	Interval time.Duration `yaml:"interval"`
-	// PrefillWeight is what one prompt token weighs against one output
-	// token when an interval's energy is shared; 0 means 0.1.
-	PrefillWeight float64 `yaml:"prefill_weight"`
-	// IdlePowerWatts fixes the idle baseline; 0 learns it from intervals
-	// with no request in flight.
-	IdlePowerWatts float64 `yaml:"idle_power_watts"`
-	// Models give weight and KV bytes for the decode speed-of-light.
-	Models map[string]ModelSpec `yaml:"models"`
-}
+// Config is the energy section and ModelSpec one of its models; they live
+// in package config (a leaf).
+type (
+	Config    = config.Energy
+	ModelSpec = config.ModelSpec
+)
 
 // Req is one request's share of the energy. The proxy calls Tokens on
 // the hot path (an atomic add on the request's own counter: no lock
@@ -56,7 +35,22 @@ type Req struct {
 	energy, dyn    float64
 	sources        uint8 // bit 1: counter, bit 2: power integration
 	done           bool
-	rec            *record.Record
+	rec            *record.Record // read-only: the finished record (for the decode ratio)
+	then           func(Attribution)
+}
+
+// Attribution is what the sampler measured for one finished request.
+type Attribution struct {
+	// EnergyJ is the GPU energy attributed to the request, DynamicJ the
+	// part above the idle baseline (docs/measurement.md §8).
+	EnergyJ, DynamicJ float64
+	// Source says how it was measured: counter, power_integration, both
+	// joined by "+", or none.
+	Source string
+	// DecodeSOL is the measured decode rate as a fraction of the memory-
+	// bandwidth ceiling; 0 when unknown (no model spec, fewer than 2
+	// tokens).
+	DecodeSOL float64
 }
 
 // Tokens counts n output tokens (n ≥ 1) produced now.
@@ -70,8 +64,6 @@ type Sampler struct {
 	src   Source
 	cfg   Config
 	clock func() time.Time
-	next  record.Sink
-	label func(string) string
 	bw    float64 // summed peak memory bandwidth, bytes/s
 
 	mu      sync.Mutex
@@ -87,7 +79,6 @@ type Sampler struct {
 	readErrors, resets                                                      *prometheus.CounterVec
 	attributed, unattributed, idle                                          prometheus.Counter
 	idleGauge, lag                                                          prometheus.Gauge
-	perToken, sol                                                           *prometheus.HistogramVec
 	ceiling                                                                 *prometheus.GaugeVec
 }
 
@@ -97,20 +88,17 @@ type sample struct {
 	at time.Time // when it was read
 }
 
-// NewSampler wraps next (the records sink): a record whose request was
-// tracked is held until the interval it ended in has been attributed,
-// then written with its energy. label bounds model label values.
-func NewSampler(src Source, cfg Config, reg prometheus.Registerer, next record.Sink, label func(string) string) *Sampler {
+// NewSampler returns a sampler of src's GPUs; reg (nil: none) receives
+// its metrics. A request tracked with Start is held at its end (Hold)
+// until the interval it ended in has been attributed.
+func NewSampler(src Source, cfg Config, reg prometheus.Registerer) *Sampler {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
 	if cfg.PrefillWeight <= 0 {
 		cfg.PrefillWeight = 0.1
 	}
-	if label == nil {
-		label = func(s string) string { return s }
-	}
-	s := &Sampler{src: src, cfg: cfg, clock: time.Now, next: next, label: label, active: map[*Req]struct{}{},
+	s := &Sampler{src: src, cfg: cfg, clock: time.Now, active: map[*Req]struct{}{},
 		prev: make([]sample, len(src.Devices())), idleW: cfg.IdlePowerWatts, learned: cfg.IdlePowerWatts > 0}
 	for _, d := range src.Devices() {
 		s.bw += d.PeakMemBandwidth()
@@ -135,14 +123,10 @@ func NewSampler(src Source, cfg Config, reg prometheus.Registerer, next record.S
 	s.idle = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_energy_idle_joules_total", Help: "Energy of intervals with no request in flight."})
 	s.idleGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokentap_gpu_idle_power_watts", Help: "Idle baseline of the selected GPUs together: configured, or learned from intervals with no request in flight (EWMA). Dynamic J/token subtracts it."})
 	s.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokentap_energy_sampling_lag_seconds", Help: "How late the last sample was against its schedule."})
-	s.perToken = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tokentap_request_energy_per_token_joules", Help: "Per-request total energy attributed to the request divided by its output tokens.",
-		Buckets: []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100}}, []string{"gen_ai_request_model", "prompt_class", "output_class"})
-	s.sol = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tokentap_decode_speed_of_light_ratio", Help: "Per-request measured decode rate as a fraction of the memory-bandwidth ceiling for its model and context.",
-		Buckets: []float64{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.2}}, []string{"gen_ai_request_model"})
 	s.ceiling = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokentap_decode_ceiling_tokens_per_second", Help: "Single-request decode ceiling at zero context: peak memory bandwidth / weight bytes."}, []string{"gen_ai_request_model"})
 	if reg != nil {
 		reg.MustRegister(s.energy, s.power, s.util, s.memUsed, s.smClock, s.memClock, s.temp, s.throttle, s.peakBW,
-			s.energyTotal, s.readErrors, s.resets, s.attributed, s.unattributed, s.idle, s.idleGauge, s.lag, s.perToken, s.sol, s.ceiling)
+			s.energyTotal, s.readErrors, s.resets, s.attributed, s.unattributed, s.idle, s.idleGauge, s.lag, s.ceiling)
 	}
 	for _, d := range src.Devices() {
 		s.peakBW.WithLabelValues(gpuLabels(d)...).Set(d.PeakMemBandwidth())
@@ -159,7 +143,7 @@ func gpuLabels(d DeviceInfo) []string { return []string{strconv.Itoa(d.Index), d
 
 // Start tracks a request; prefillTokens is an estimate of its prompt
 // tokens (corrected by nothing: see docs/energy.md).
-func (s *Sampler) Start(prefillTokens int64) record.EnergyHandle {
+func (s *Sampler) Start(prefillTokens int64) *Req {
 	r := &Req{prefill: prefillTokens}
 	s.mu.Lock()
 	s.active[r] = struct{}{}
@@ -167,19 +151,19 @@ func (s *Sampler) Start(prefillTokens int64) record.EnergyHandle {
 	return r
 }
 
-// Write implements record.Sink: a tracked record waits for the end of
-// its last interval; any other passes through.
-func (s *Sampler) Write(rec *record.Record) {
-	r, _ := rec.Energy.(*Req)
-	if r == nil {
-		s.next.Write(rec)
-		return
-	}
+// Hold is called once when r's request has ended, with its finished
+// record (which must not change until then is called). then receives the
+// request's energy once the interval it ended in has been attributed, on
+// the sampler's goroutine; after Run has returned, at once.
+func (s *Sampler) Hold(r *Req, rec *record.Record, then func(Attribution)) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	r.done, r.rec = true, rec
-	if s.stopped { // a request that outlived the shutdown: never lose its record
+	r.done, r.rec, r.then = true, rec, then
+	stopped := s.stopped
+	if stopped { // a request that outlived the shutdown: never lose it
 		delete(s.active, r)
+	}
+	s.mu.Unlock()
+	if stopped {
 		s.finish(r)
 	}
 }
@@ -281,6 +265,14 @@ func (s *Sampler) delta(d DeviceInfo, p *sample, r Reading, now time.Time) (floa
 // interval its first token came in. With no request in flight the energy
 // is idle and teaches the idle baseline.
 func (s *Sampler) attribute(dE, dt float64, src uint8, have bool) {
+	for _, r := range s.attributeLocked(dE, dt, src, have) {
+		s.finish(r)
+	}
+}
+
+// attributeLocked shares the energy and returns the requests whose last
+// interval this was.
+func (s *Sampler) attributeLocked(dE, dt float64, src uint8, have bool) []*Req {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.active) == 0 {
@@ -296,7 +288,7 @@ func (s *Sampler) attribute(dE, dt float64, src uint8, have bool) {
 			}
 			s.idleGauge.Set(s.idleW)
 		}
-		return
+		return nil
 	}
 	dyn := math.Max(0, dE-s.idleW*dt)
 	var total float64
@@ -326,54 +318,53 @@ func (s *Sampler) attribute(dE, dt float64, src uint8, have bool) {
 	default:
 		s.unattributed.Add(dE)
 	}
+	return s.takeDone()
+}
+
+// takeDone removes and returns the held requests; s.mu must be held.
+func (s *Sampler) takeDone() []*Req {
+	var done []*Req
 	for r := range s.active {
 		if r.done {
 			delete(s.active, r)
-			s.finish(r)
+			done = append(done, r)
 		}
 	}
+	return done
 }
 
-// finish writes a held record with its energy.
+// finish hands a held request its attribution. It runs without s.mu:
+// the request is out of the active set, so nothing else touches it.
 func (s *Sampler) finish(r *Req) {
-	rec := r.rec
-	rec.EnergyJ, rec.EnergyDynamicJ = r.energy, r.dyn
+	a := Attribution{EnergyJ: r.energy, DynamicJ: r.dyn}
 	switch r.sources {
 	case viaCounter:
-		rec.EnergySource = "counter"
+		a.Source = "counter"
 	case viaPower:
-		rec.EnergySource = "power_integration"
+		a.Source = "power_integration"
 	case viaCounter | viaPower:
-		rec.EnergySource = "counter+power_integration"
+		a.Source = "counter+power_integration"
 	default:
-		rec.EnergySource = "none"
+		a.Source = "none"
 	}
-	model := s.label(rec.Model)
-	if rec.OutputTokens > 0 && r.sources != 0 {
-		s.perToken.WithLabelValues(model, rec.PromptClass, rec.OutputClass).Observe(r.energy / float64(rec.OutputTokens))
-	}
+	rec := r.rec
 	if spec, ok := s.cfg.Models[rec.Model]; ok && s.bw > 0 && spec.WeightBytes > 0 && rec.OutputTokens >= 2 {
 		if tpot, ok := rec.TPOT(); ok && tpot > 0 {
 			ctx := math.Max(0, float64(rec.InputTokens)) + float64(rec.OutputTokens)/2
 			ceiling := s.bw / (spec.WeightBytes + ctx*spec.KVBytesPerToken)
-			ratio := (1 / tpot.Seconds()) / ceiling
-			rec.DecodeSOL = ratio
-			s.sol.WithLabelValues(model).Observe(ratio)
+			a.DecodeSOL = (1 / tpot.Seconds()) / ceiling
 		}
 	}
-	rec.EndTrace() // the spans carry the energy too
-	s.next.Write(rec)
+	r.then(a)
 }
 
-// flush writes every record still held (at shutdown).
+// flush hands out every request still held (at shutdown).
 func (s *Sampler) flush() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.stopped = true
-	for r := range s.active {
-		if r.done {
-			delete(s.active, r)
-			s.finish(r)
-		}
+	done := s.takeDone()
+	s.mu.Unlock()
+	for _, r := range done {
+		s.finish(r)
 	}
 }

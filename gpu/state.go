@@ -2,8 +2,6 @@ package gpu
 
 import (
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -47,29 +45,4 @@ func containsCgo(s string) bool {
 		}
 	}
 	return false
-}
-
-// Validate returns one error per problem, naming the field.
-func (c Config) Validate() []error {
-	var errs []error
-	switch c.Enabled {
-	case "", "auto", "on", "off":
-	default:
-		errs = append(errs, fmt.Errorf("energy.enabled: must be auto, on or off, got %q", c.Enabled))
-	}
-	if c.Interval != 0 && c.Interval < 100*time.Millisecond {
-		errs = append(errs, fmt.Errorf("energy.interval: must be at least 100ms (NVML refreshes power about every 100 ms), got %v", c.Interval))
-	}
-	if c.PrefillWeight < 0 {
-		errs = append(errs, fmt.Errorf("energy.prefill_weight: must not be negative"))
-	}
-	if c.IdlePowerWatts < 0 {
-		errs = append(errs, fmt.Errorf("energy.idle_power_watts: must not be negative"))
-	}
-	for m, s := range c.Models {
-		if s.WeightBytes <= 0 || s.KVBytesPerToken < 0 {
-			errs = append(errs, fmt.Errorf("energy.models.%s: weight_bytes must be positive and kv_bytes_per_token not negative", m))
-		}
-	}
-	return errs
 }

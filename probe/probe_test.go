@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -76,7 +77,7 @@ func TestOpenLoopScheduleWithStallingUpstream(t *testing.T) {
 		var recs sink
 		u, _ := url.Parse("http://engine.invalid")
 		cfg := Config{Probes: []Def{{Name: "p", Interval: time.Second, MaxConcurrent: 2, Timeout: 9500 * time.Millisecond}}}.WithDefaults("m")
-		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{stall}, Records: &recs, Registry: reg})
+		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{stall}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}}), Registry: reg})
 		start := time.Now()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -145,9 +146,9 @@ func (m *dtoMetric) read(reg *prometheus.Registry, name string) error {
 	return err
 }
 
-func compiled(e Expect) Expect {
+func compiled(e Expect) *checker {
 	c := Config{Probes: []Def{{Name: "x", Expect: e}}}.WithDefaults("m")
-	return c.Probes[0].Expect
+	return newChecker(c.Probes[0].Expect)
 }
 
 func TestQualityChecks(t *testing.T) {
@@ -209,7 +210,7 @@ func TestFastWrongAnswerFails(t *testing.T) {
 		var recs sink
 		u, _ := url.Parse("http://engine.invalid")
 		cfg := Config{Probes: []Def{{Name: "capital", Interval: time.Second, Expect: Expect{Contains: "Paris"}}}}.WithDefaults("m")
-		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{wrong}, Records: &recs, Registry: reg})
+		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{wrong}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}}), Registry: reg})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { p.Run(ctx); close(done) }()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
@@ -29,10 +30,10 @@ type Options struct {
 	// sidecar's proxy recognises as its own probes (proxy.Options).
 	Upstream, Sidecar *url.URL
 	ProbeHeader       string
-	// Observer receives canary requests like live ones (SLO judge and
-	// exporter); Records receives their records and the not_sent ones.
-	Observer record.Observer
-	Records  record.Sink
+	// Pipeline receives canary requests like live ones (SLO verdict,
+	// metrics, records) and the records of probes not sent. Nil keeps
+	// nothing.
+	Pipeline *pipeline.Pipeline
 	Registry prometheus.Registerer
 	// Transport carries probes; nil means proxy.NewTransport().
 	Transport http.RoundTripper
@@ -58,6 +59,7 @@ type Prober struct {
 
 type defState struct {
 	def      Def
+	checker  *checker
 	mu       sync.Mutex
 	inflight int
 	fails    int // consecutive failures
@@ -97,11 +99,8 @@ func New(opts Options) *Prober {
 	if opts.Transport == nil {
 		opts.Transport = proxy.NewTransport()
 	}
-	if opts.Observer == nil {
-		opts.Observer = record.Nop{}
-	}
-	if opts.Records == nil {
-		opts.Records = record.Sinks(nil)
+	if opts.Pipeline == nil {
+		opts.Pipeline = pipeline.New(pipeline.Options{})
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -124,7 +123,7 @@ func New(opts Options) *Prober {
 		opts.Registry.MustRegister(p.success, p.duration, p.consecutive, p.scheduled, p.results, p.quality, p.notSent, p.lag)
 	}
 	for _, d := range p.cfg.Probes {
-		p.defs = append(p.defs, &defState{def: d})
+		p.defs = append(p.defs, &defState{def: d, checker: newChecker(d.Expect)})
 		for _, r := range []string{ResultSuccess, ResultFailed, ResultNotSent} {
 			p.results.WithLabelValues(d.Name, r)
 		}
@@ -214,7 +213,7 @@ func (p *Prober) skip(s *defState, at time.Time, reason string) {
 	r.Arrive, r.Traffic, r.API, r.Model, r.Stream = at, "canary", record.API(d.API), d.Model, *d.Stream
 	r.Outcome, r.ErrorType, r.TokenSource = record.NotSent, reason, "none"
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: at, Result: ResultNotSent, Failure: "not sent: " + reason}
-	p.opts.Records.Write(r)
+	p.opts.Pipeline.Record(r)
 	p.notSent.WithLabelValues(d.Name, reason).Inc()
 	p.finish(s, Result{Probe: d.Name, Scheduled: at, Result: ResultNotSent, Outcome: ResultNotSent, Failure: "not sent: " + reason, RecordID: r.ID})
 }
@@ -290,13 +289,13 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	}
 	cw := &capture{h: http.Header{}}
 	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
-	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Observer: obs, Records: p.opts.Records,
+	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
 		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name})
 	if err != nil {
 		p.log.Error("probe", "probe", d.Name, "err", err)
 		return
 	}
-	body := d.body()
+	body := requestBody(d)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range d.Headers {
@@ -328,29 +327,19 @@ func (p *Prober) apiKey(d *Def) string {
 	return ""
 }
 
-// observer wraps the live observer for one probe: when the request ends
-// it runs the quality check on the captured answer and annotates the
-// record before the SLO judge, the exporter and the records see it.
+// observer follows one probe: when the request ends (the pipeline's
+// canary stage) it runs the quality check on the captured answer and
+// annotates the record before the SLO verdict, the metrics and the
+// records see it.
 type observer struct {
 	p         *Prober
 	s         *defState
 	scheduled time.Time
 	sent      time.Time
 	cw        *capture
-	next      record.Observation
 }
 
-func (o *observer) Begin(k record.Key) record.Observation {
-	o.next = o.p.opts.Observer.Begin(k)
-	return o
-}
-func (o *observer) Gap(d time.Duration)          { o.next.Gap(d) }
-func (o *observer) ForwardDelay(d time.Duration) { o.next.ForwardDelay(d) }
-func (o *observer) Malformed()                   { o.next.Malformed() }
-func (o *observer) UsageInjected()               { o.next.UsageInjected() }
-func (o *observer) TapFailed(r string)           { o.next.TapFailed(r) }
-
-func (o *observer) End(r *record.Record) {
+func (o *observer) check(r *record.Record) {
 	d := &o.s.def
 	res := Result{Probe: d.Name, Scheduled: o.scheduled, Sent: o.sent, LagMS: msf(o.sent.Sub(o.scheduled)),
 		Outcome: string(r.Outcome), HTTPStatus: r.HTTPStatus, ErrorType: r.ErrorType, OutputTokens: r.OutputTokens, RecordID: r.ID}
@@ -365,7 +354,7 @@ func (o *observer) End(r *record.Record) {
 	}
 	if r.Outcome == record.Success {
 		text := stream.AnswerText(o.cw.body.Bytes(), r.Stream)
-		res.Check, res.Failure = d.Expect.check(text, r.FinishReason, r.OutputTokens)
+		res.Check, res.Failure = o.s.checker.check(text, r.FinishReason, r.OutputTokens)
 		if res.Check != "" {
 			o.p.quality.WithLabelValues(d.Name, res.Check).Inc()
 		}
@@ -381,7 +370,6 @@ func (o *observer) End(r *record.Record) {
 		res.Prompt = d.Prompt
 	}
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: o.scheduled, Result: res.Result, Check: res.Check, Failure: res.Failure}
-	o.next.End(r)
 	o.p.finish(o.s, res)
 }
 

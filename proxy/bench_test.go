@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/exporter"
-	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/pipeline"
 )
 
 // loopReader serves the same SSE event forever, one event per Read.
@@ -35,8 +35,7 @@ func BenchmarkTapEvent(b *testing.B) {
 			name = "strip"
 		}
 		b.Run(name, func(b *testing.B) {
-			m := exporter.New(exporter.Config{})
-			st := &reqState{rec: record.New(1024), obs: m.Begin(record.Key{API: record.APIChat, Model: "m", Traffic: "live"}), clock: record.SystemClock{}}
+			st := realState(1024)
 			st.rec.Arrive = time.Now()
 			tp := newTap(&loopReader{ev: ev}, st, bodySSE, strip, 1<<20)
 			p := make([]byte, 32<<10)
@@ -139,7 +138,7 @@ func BenchmarkLoopbackAddedLatency(b *testing.B) {
 	})
 	side := mk("sidecar", func(u *url.URL) http.Handler {
 		m := exporter.New(exporter.Config{})
-		p, err := New(Options{Upstream: u, Observer: m, InjectUsage: true})
+		p, err := New(Options{Upstream: u, Pipeline: pipeline.New(pipeline.Options{Live: m, Models: m.Models(), Prometheus: m}), InjectUsage: true})
 		if err != nil {
 			b.Fatal(err)
 		}

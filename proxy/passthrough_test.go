@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -139,7 +140,7 @@ func TestPassThroughRandomStreams(t *testing.T) {
 	var sinks [2]collect
 	var fronts [2]*httptest.Server
 	for i, inject := range []bool{false, true} {
-		p, err := New(Options{Upstream: u, InjectUsage: inject, Records: &sinks[i]})
+		p, err := New(Options{Upstream: u, InjectUsage: inject, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sinks[i]}})})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,10 +23,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
-
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
+	"github.com/tokentap/tokentap/tracing"
 )
 
 // Options configures a Proxy.
@@ -36,10 +36,10 @@ type Options struct {
 	// Transport carries requests to the upstream. Nil means a transport
 	// tuned for one upstream (see NewTransport).
 	Transport http.RoundTripper
-	// Observer is told about every request. Nil observes nothing.
-	Observer record.Observer
-	// Records receives every finished record. Nil keeps none.
-	Records record.Sink
+	// Pipeline is told about every request at arrival and, with its
+	// finished record, at the end. Nil means a pipeline with no stage:
+	// nothing is observed or kept.
+	Pipeline *pipeline.Pipeline
 	// Clock times everything. Nil means the system clock.
 	Clock record.Clock
 	// Logger logs proxy errors. Nil discards them.
@@ -62,15 +62,9 @@ type Options struct {
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
 	Probe string
-	// Trace configures OpenTelemetry spans and context propagation; the
-	// zero value traces nothing.
-	Trace TraceOptions
-	// StallThreshold marks gaps above it as stall events on the span;
-	// zero adds none.
-	StallThreshold time.Duration
-	// Energy, when set, tracks every understood request for GPU energy
-	// attribution (package gpu). Nil: energy is off.
-	Energy record.EnergyMeter
+	// Check, if set, runs on every finished record first in the
+	// pipeline's end stages (the canary probe's quality check).
+	Check func(*record.Record)
 	// ProbeHeader, when set, marks requests that carry it with this exact
 	// value as the sidecar's own probes passing through: the header is
 	// removed and the request is forwarded without being recorded (the
@@ -113,11 +107,8 @@ func New(opts Options) (*Proxy, error) {
 	if opts.Transport == nil {
 		opts.Transport = NewTransport()
 	}
-	if opts.Observer == nil {
-		opts.Observer = record.Nop{}
-	}
-	if opts.Records == nil {
-		opts.Records = record.Sinks(nil)
+	if opts.Pipeline == nil {
+		opts.Pipeline = pipeline.New(pipeline.Options{})
 	}
 	if opts.Clock == nil {
 		opts.Clock = record.SystemClock{}
@@ -134,12 +125,6 @@ func New(opts Options) (*Proxy, error) {
 	if opts.Traffic == "" {
 		opts.Traffic = "live"
 	}
-	if opts.Trace.Propagator == nil {
-		opts.Trace.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
-	if opts.Trace.ProviderName == "" {
-		opts.Trace.ProviderName = "openai_compatible"
-	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	p := &Proxy{opts: opts, clock: opts.Clock, log: opts.Logger, idpfx: hex.EncodeToString(b[:])}
@@ -148,11 +133,9 @@ func New(opts Options) (*Proxy, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
 			pr.Out.Host = up.Host
-			if p.opts.Trace.Provider != nil {
-				// Our client span's context replaces the client's traceparent
-				// (which is its parent's), so the engine's spans join under it.
-				p.opts.Trace.Propagator.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
-			}
+			// Our client span's context replaces the client's traceparent
+			// (which is its parent's), so the engine's spans join under it.
+			p.opts.Pipeline.Inject(pr.Out.Context(), pr.Out.Header)
 		},
 		Transport:      opts.Transport,
 		FlushInterval:  -1, // flush after every write, whatever the content type
@@ -172,20 +155,17 @@ type stateKey struct{}
 // time (the handler's), except upstreamSent, which the transport's
 // writer goroutine sets.
 type reqState struct {
-	rec            *record.Record
-	obs            record.Observation
-	clock          record.Clock
-	clientCtx      context.Context
-	ctx            context.Context
-	info           requestInfo
-	injected       bool
-	tap            *tap
-	spans          *spans
-	body           []byte // the whole request body, kept only for content capture
-	stallThreshold time.Duration
-	handled        bool // the error handler answered
-	upstreamSent   atomic.Int64
-	finished       bool
+	rec          *record.Record
+	obs          *pipeline.Request
+	clock        record.Clock
+	clientCtx    context.Context
+	ctx          context.Context
+	info         requestInfo
+	injected     bool
+	tap          *tap
+	handled      bool // the error handler answered
+	upstreamSent atomic.Int64
+	finished     bool
 }
 
 // ServeHTTP proxies one request.
@@ -210,14 +190,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The client's body broke while we read it: nothing can be forwarded.
 			rec := record.New(0)
 			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
-			obs := p.opts.Observer.Begin(record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe})
+			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			if r.Context().Err() == nil {
 				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, http.StatusBadRequest
 				http.Error(w, "tokentap: reading request body: "+err.Error(), http.StatusBadRequest)
 			}
-			obs.End(rec)
-			p.opts.Records.Write(rec)
+			q.End(rec, nil)
 			return
 		}
 		info, r.Body = in, body
@@ -233,14 +213,27 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
-	rec.API, rec.Model, rec.Stream, rec.MaxTokens = info.API, info.Model, info.Stream, info.MaxTokens
-	if p.opts.Energy != nil && info.API != record.APIOther {
+	rec.API, rec.Stream, rec.MaxTokens = info.API, info.Stream, info.MaxTokens
+	rec.SetModel(info.Model)
+	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
+	start := pipeline.Start{
+		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+		HTTP:     r,
+		Upstream: p.opts.Upstream,
+		Params:   tracing.Params{MaxTokens: info.MaxTokens, Temperature: info.Temperature, TopP: info.TopP, Seed: info.Seed},
 		// The prompt's size in tokens, estimated from the body (4 bytes a
 		// token) until usage says; only its prefill weight depends on it.
-		rec.Energy = p.opts.Energy.Start(max(r.ContentLength, 0) / 4)
+		PromptTokens: max(r.ContentLength, 0) / 4,
+		Check:        p.opts.Check,
 	}
-	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
-	st.obs = p.opts.Observer.Begin(record.Key{API: info.API, Model: info.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe})
+	if info.API == record.APIOther {
+		start.PromptTokens = -1 // not understood: no energy share
+	}
+	if p.opts.Pipeline.Capturing() {
+		start.Body = whole
+	}
+	ctx, obs := p.opts.Pipeline.Begin(r.Context(), rec, start)
+	st.obs = obs
 	if rewritten != nil {
 		st.injected = true
 		rec.UsageInjected = true
@@ -250,12 +243,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
 	}
 
-	st.stallThreshold = p.opts.StallThreshold
-	if p.opts.Trace.Capture != nil {
-		st.body = whole
-	}
-	ctx := context.WithValue(r.Context(), stateKey{}, st)
-	ctx = p.startSpans(ctx, r, st)
+	ctx = context.WithValue(ctx, stateKey{}, st)
 	if p.opts.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.opts.Timeout)
@@ -270,9 +258,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer p.finish(st) // also runs when ReverseProxy panics with http.ErrAbortHandler
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
-
-// SetEnergy installs the energy meter; call it before serving.
-func (p *Proxy) SetEnergy(m record.EnergyMeter) { p.opts.Energy = m }
 
 func (p *Proxy) nextID() string {
 	return p.idpfx + "-" + strconv.FormatUint(p.seq.Add(1), 10)
@@ -301,7 +286,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
 	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
-	st.tap.capture = p.opts.Trace.Capture != nil && p.opts.Trace.Provider != nil
+	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
 	return nil
 }
@@ -357,13 +342,11 @@ func (p *Proxy) finish(st *reqState) {
 		p.outcome(st, t, now)
 	}
 	p.tokens(st)
-	st.obs.End(rec) // the SLO verdicts are set here: the spans carry them
-	if st.spans != nil && rec.Energy != nil {
-		rec.Trace = spanEnder{p, st} // the energy meter ends them with the energy set
-	} else {
-		p.endSpans(st)
+	var captured []byte
+	if t != nil {
+		captured = t.captured
 	}
-	p.opts.Records.Write(rec)
+	st.obs.End(rec, captured) // the pipeline's stages, in order (package pipeline)
 }
 
 func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {

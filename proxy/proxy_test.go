@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
-func front(t *testing.T, h http.Handler, opts Options) (*httptest.Server, *collect) {
+// front runs a proxy with opts in front of h; its records are collected,
+// and live observes the requests while they run (nil: nothing).
+func front(t *testing.T, h http.Handler, opts Options, live ...record.Observer) (*httptest.Server, *collect) {
 	t.Helper()
 	var sink collect
 	if h != nil {
@@ -21,7 +24,11 @@ func front(t *testing.T, h http.Handler, opts Options) (*httptest.Server, *colle
 		t.Cleanup(us.Close)
 		opts.Upstream, _ = url.Parse(us.URL)
 	}
-	opts.Records = &sink
+	po := pipeline.Options{Sinks: []record.Sink{&sink}}
+	if len(live) > 0 {
+		po.Live = live[0]
+	}
+	opts.Pipeline = pipeline.New(po)
 	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +210,7 @@ func (f *failObs) ForwardDelay(time.Duration)          {}
 func (f *failObs) Malformed()                          {}
 func (f *failObs) UsageInjected()                      {}
 func (f *failObs) TapFailed(r string)                  { f.failures = append(f.failures, r) }
-func (f *failObs) End(*record.Record)                  {}
+func (f *failObs) Done()                               {}
 
 func TestTapFailsOpen(t *testing.T) {
 	events := []string{
@@ -222,7 +229,7 @@ func TestTapFailsOpen(t *testing.T) {
 				w.(http.Flusher).Flush()
 				time.Sleep(5 * time.Millisecond)
 			}
-		}), Options{Observer: obs, InjectUsage: inject})
+		}), Options{InjectUsage: inject}, obs)
 		_, body := do(t, fs, "/v1/chat/completions", streamBody)
 		want := strings.Join(events, "")
 		if body != want {
@@ -231,7 +238,7 @@ func TestTapFailsOpen(t *testing.T) {
 		if len(obs.failures) != 1 || obs.failures[0] != "panic" {
 			t.Fatalf("inject=%v: failures %v, want one panic", inject, obs.failures)
 		}
-		if r := only(t, sink); !r.TapFailed {
+		if r := only(t, sink); r.TapFailed != "panic" {
 			t.Fatalf("inject=%v: record does not say the tap failed", inject)
 		}
 	}

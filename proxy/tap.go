@@ -276,9 +276,7 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 		if c.TokensFrom > t.tokensFrom {
 			t.tokensFrom = c.TokensFrom
 		}
-		if rec.Energy != nil {
-			rec.Energy.Tokens(max(c.Tokens, 1))
-		}
+		t.st.obs.Tokens(max(c.Tokens, 1))
 		if gap, ok := rec.AddToken(at, c.Tokens, c.Output); ok {
 			t.st.obs.Gap(gap)
 		}

@@ -2,9 +2,14 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"io"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -33,8 +38,22 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 
 func (c *chunkReader) Close() error { return nil }
 
-func newTestState() *reqState {
-	return &reqState{rec: record.New(16), obs: record.Nop{}.Begin(record.Key{}), clock: record.SystemClock{}}
+func newTestState() *reqState { return realState(16) }
+
+// realPipeline is a pipeline with the real Prometheus backend, live and
+// at the end, shared by the tests of this package.
+var realPipeline = sync.OnceValue(func() *pipeline.Pipeline {
+	m := exporter.New(exporter.Config{})
+	return pipeline.New(pipeline.Options{Live: m, Models: m.Models(), Prometheus: m})
+})
+
+// realState is a request in flight through the real exporters, as the
+// proxy starts one.
+func realState(hint int) *reqState {
+	rec := record.New(hint)
+	rec.Arrive = time.Now()
+	_, q := realPipeline().Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: record.APIChat, Model: "m", Traffic: "live"}})
+	return &reqState{rec: rec, obs: q, clock: record.SystemClock{}}
 }
 
 // expectStripped frames the whole input at once and removes every complete

@@ -15,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/tracing"
 )
 
 type traced struct {
@@ -25,7 +27,7 @@ type traced struct {
 	upstream chan http.Header
 }
 
-func newTraced(t *testing.T, events []string, capture *ContentCapture) *traced {
+func newTraced(t *testing.T, events []string, capture *tracing.ContentCapture) *traced {
 	tr := &traced{spans: tracetest.NewSpanRecorder(), sink: &collect{}, upstream: make(chan http.Header, 4)}
 	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -39,8 +41,9 @@ func newTraced(t *testing.T, events []string, capture *ContentCapture) *traced {
 	t.Cleanup(us.Close)
 	u, _ := url.Parse(us.URL)
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tr.spans))
-	p, err := New(Options{Upstream: u, Records: tr.sink, InjectUsage: true,
-		Trace: TraceOptions{Provider: tp, ProviderName: "vllm", Capture: capture}})
+	pipe := pipeline.New(pipeline.Options{Tracer: tracing.New(tracing.Options{Provider: tp, ProviderName: "vllm", Capture: capture}),
+		Sinks: []record.Sink{tr.sink}})
+	p, err := New(Options{Upstream: u, Pipeline: pipe, InjectUsage: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +163,7 @@ func TestSpanErrorTypeOnFailedStream(t *testing.T) {
 }
 
 func TestContentCaptureRedactedAndTruncated(t *testing.T) {
-	tr := newTraced(t, okEvents, &ContentCapture{MaxBytes: 30, Redact: DefaultRedactions})
+	tr := newTraced(t, okEvents, &tracing.ContentCapture{MaxBytes: 30, Redact: tracing.DefaultRedactions()})
 	resp, _ := http.Post(tr.front.URL+"/v1/chat/completions", "application/json", strings.NewReader(tracedBody))
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

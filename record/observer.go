@@ -2,33 +2,37 @@ package record
 
 import "time"
 
-// Observer is told about every request as it happens. The exporter
-// implements it; the proxy and the probe call it. Begin is called once per
-// request, at arrival.
+// Observer is told about every request while it runs: the live view,
+// for instruments that must move before the request ends (in-flight
+// gauges, per-gap histograms). Everything derived from the finished
+// record goes through the end-of-request pipeline instead (package
+// pipeline). Begin is called once per request, at arrival.
 type Observer interface {
 	Begin(k Key) Observation
 }
 
-// Key names the series a request is observed under; every field is a
-// bounded label value except Model, which the exporter bounds itself.
+// Key names the series a request is observed under. Every field is a
+// bounded label value: the pipeline bounds Model before any observer
+// sees it.
 type Key struct {
 	API     API
-	Model   string
+	Model   string // bounded model label (declared name, first-seen name, "_other" or "_unknown")
 	Traffic string // "live" or "canary"
 	Probe   string // the probe's name for canary traffic; "" for live
 }
 
 // Observation receives the live observations of one request. Gap and
 // ForwardDelay are called per event on the hot path: implementations must
-// not allocate or take a lock shared across requests there. End is called
-// exactly once, with the finished record.
+// not allocate or take a lock shared across requests there. Done is
+// called exactly once, when the request is over, before the pipeline's
+// end stages run.
 type Observation interface {
 	Gap(d time.Duration)
 	ForwardDelay(d time.Duration)
 	Malformed()
 	UsageInjected()
 	TapFailed(reason string)
-	End(r *Record)
+	Done()
 }
 
 // Clock tells the time. time.Now carries a monotonic reading, and every
@@ -54,52 +58,4 @@ func (nopObs) ForwardDelay(time.Duration) {}
 func (nopObs) Malformed()                 {}
 func (nopObs) UsageInjected()             {}
 func (nopObs) TapFailed(string)           {}
-func (nopObs) End(*Record)                {}
-
-// Fanout observes every request with each of its observers, in order.
-type Fanout []Observer
-
-// Begin begins with each observer.
-func (f Fanout) Begin(k Key) Observation {
-	if len(f) == 1 {
-		return f[0].Begin(k)
-	}
-	m := make(multi, len(f))
-	for i, o := range f {
-		m[i] = o.Begin(k)
-	}
-	return m
-}
-
-type multi []Observation
-
-func (m multi) Gap(d time.Duration) {
-	for _, o := range m {
-		o.Gap(d)
-	}
-}
-func (m multi) ForwardDelay(d time.Duration) {
-	for _, o := range m {
-		o.ForwardDelay(d)
-	}
-}
-func (m multi) Malformed() {
-	for _, o := range m {
-		o.Malformed()
-	}
-}
-func (m multi) UsageInjected() {
-	for _, o := range m {
-		o.UsageInjected()
-	}
-}
-func (m multi) TapFailed(r string) {
-	for _, o := range m {
-		o.TapFailed(r)
-	}
-}
-func (m multi) End(r *Record) {
-	for _, o := range m {
-		o.End(r)
-	}
-}
+func (nopObs) Done()                      {}

@@ -28,23 +28,18 @@ const (
 	NotSent Outcome = "not_sent"
 )
 
-// Outcomes lists every outcome, for pre-initialising label sets.
-var Outcomes = []Outcome{Success, Error, Rejected, Cancelled, Timeout}
-
 // Error types: a bounded set, safe as a metric label.
 const (
-	ErrHTTP4xx          = "http_4xx"
-	ErrHTTP5xx          = "http_5xx"
-	ErrRejected         = "rejected"
-	ErrStreamError      = "stream_error" // an error event after HTTP 200
-	ErrMalformed        = "malformed_stream"
-	ErrUpstreamReset    = "upstream_reset"
-	ErrUpstreamConnect  = "upstream_unreachable"
-	ErrIncomplete       = "incomplete_stream" // clean EOF, no end marker, no output
-	ErrTimeout          = "timeout"
-	ErrCancelled        = "cancelled"
-	ErrTapFailed        = "tap_failed"
-	ErrUpstreamProtocol = "upstream_protocol"
+	ErrHTTP4xx         = "http_4xx"
+	ErrHTTP5xx         = "http_5xx"
+	ErrRejected        = "rejected"
+	ErrStreamError     = "stream_error" // an error event after HTTP 200
+	ErrMalformed       = "malformed_stream"
+	ErrUpstreamReset   = "upstream_reset"
+	ErrUpstreamConnect = "upstream_unreachable"
+	ErrIncomplete      = "incomplete_stream" // clean EOF, no end marker, no output
+	ErrTimeout         = "timeout"
+	ErrCancelled       = "cancelled"
 )
 
 // API names the request's route, a bounded label.
@@ -69,15 +64,27 @@ func (a API) Operation() string {
 	return "other"
 }
 
-// Record is one request. Time fields are zero when the instant did not
-// happen (no token, no upstream response...). Offsets in the JSON form are
-// milliseconds from Arrive, taken from the monotonic clock.
+// Record is one request: plain data, with no behaviour attached. Time
+// fields are zero when the instant did not happen (no token, no upstream
+// response...). Offsets in the JSON form are milliseconds from Arrive,
+// taken from the monotonic clock.
+//
+// Who writes what, and when (docs/design.md draws it): the proxy and its
+// tap fill the request's fields, instants and token times while it runs
+// (package proxy), and settle Outcome and the token counts when it ends;
+// the canary probe sets Probe (package probe); the end-of-request pipeline
+// (package pipeline) then sets, in this order, the SLO fields (Stalls,
+// classes, SLO: from package slo's verdict) and the energy fields (from
+// package gpu's attribution), and hands the record to the metric
+// backends and sinks, which only read it.
 type Record struct {
 	ID      string
 	Traffic string // "live" for proxied traffic, "canary" for probes
 	API     API
-	Model   string // the requested model as sent; "" when unknown
-	Stream  bool
+	Model   string // the requested model as sent, at most MaxModelBytes; "" when unknown
+	// ModelTruncated says Model was cut to MaxModelBytes.
+	ModelTruncated bool
+	Stream         bool
 
 	Outcome      Outcome
 	HTTPStatus   int    // the status the client got; 0 if none was sent
@@ -128,12 +135,6 @@ type Record struct {
 	SLO []Verdict
 	// Probe is set on canary probe records.
 	Probe *ProbeInfo
-	// Energy is the energy meter's handle for this request (package gpu);
-	// nil when energy is off.
-	Energy EnergyHandle
-	// Trace, when set, must be called once the record is complete
-	// (energy included) to end the request's spans.
-	Trace TraceEnder
 	// EnergyJ is the GPU energy attributed to the request, EnergyDynamicJ
 	// the part above the idle baseline; EnergySource says how it was
 	// measured ("" when energy is off).
@@ -142,34 +143,6 @@ type Record struct {
 	// DecodeSOL is the measured decode rate as a fraction of the memory-
 	// bandwidth ceiling (0 when unknown).
 	DecodeSOL float64
-}
-
-// TraceEnder ends a request's spans. When energy is measured, ending is
-// left to whoever sets the energy last (the spans carry it too); the
-// spans keep their true end time, which is the record's Terminal.
-type TraceEnder interface {
-	EndTrace(r *Record)
-}
-
-// EndTrace ends r's spans if that was left to the caller.
-func (r *Record) EndTrace() {
-	if r.Trace != nil {
-		t := r.Trace
-		r.Trace = nil
-		t.EndTrace(r)
-	}
-}
-
-// EnergyMeter tracks requests for energy attribution. Start is called
-// once per request; the handle's Tokens on every token-bearing event.
-type EnergyMeter interface {
-	Start(prefillTokens int64) EnergyHandle
-}
-
-// EnergyHandle receives a request's token counts (an atomic add: safe on
-// the hot path).
-type EnergyHandle interface {
-	Tokens(n int64)
 }
 
 // ProbeInfo is what a canary record adds.
@@ -197,6 +170,24 @@ type Verdict struct {
 	NotApplicable []string
 	// Fluidity is the request's fluidity score, when the SLO has one.
 	Fluidity *float64
+}
+
+// MaxModelBytes bounds the model name a record keeps: a client's model
+// string is request-derived and could otherwise make every record line,
+// span and label arbitrarily large.
+const MaxModelBytes = 256
+
+// SetModel sets Model to name, cut at MaxModelBytes on a UTF-8 boundary.
+func (r *Record) SetModel(name string) {
+	if len(name) <= MaxModelBytes {
+		r.Model = name
+		return
+	}
+	cut := MaxModelBytes
+	for cut > 0 && name[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	r.Model, r.ModelTruncated = name[:cut], true
 }
 
 // Reset clears r for reuse, keeping the capacity of its slices.
@@ -330,6 +321,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	}
 	str("api", string(r.API))
 	str("model", r.Model)
+	if r.ModelTruncated {
+		b = append(b, `"model_truncated":true,`...)
+	}
 	b = append(b, `"stream":`...)
 	b = strconv.AppendBool(b, r.Stream)
 	b = append(b, ',')

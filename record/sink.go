@@ -52,13 +52,3 @@ func (j *JSONL) Errors() uint64 {
 	defer j.mu.Unlock()
 	return j.errors
 }
-
-// Sinks fans a record out to several sinks.
-type Sinks []Sink
-
-// Write writes r to every sink.
-func (s Sinks) Write(r *Record) {
-	for _, k := range s {
-		k.Write(r)
-	}
-}

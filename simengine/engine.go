@@ -24,105 +24,15 @@ package simengine
 
 import (
 	"context"
-	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/tokentap/tokentap/config"
 )
 
-// Config holds the simulator's knobs. Zero values take the defaults
-// listed with each field (see Defaults).
-type Config struct {
-	Model           string        `yaml:"model"`             // "tokentap-sim"
-	MaxBatch        int           `yaml:"max_batch"`         // 8
-	MaxQueue        int           `yaml:"max_queue"`         // 32
-	RejectStatus    int           `yaml:"reject_status"`     // 429
-	PrefillBase     time.Duration `yaml:"prefill_base"`      // 10ms
-	PrefillPerToken time.Duration `yaml:"prefill_per_token"` // 50µs
-	DecodeBase      time.Duration `yaml:"decode_base"`       // 15ms
-	DecodePerSeq    time.Duration `yaml:"decode_per_seq"`    // 1ms
-	Jitter          float64       `yaml:"jitter"`            // 0.1 (relative, uniform ±)
-	MultiTokenProb  float64       `yaml:"multi_token_prob"`  // 0.05
-	StallProb       float64       `yaml:"stall_prob"`        // 0.002 per step
-	StallDuration   time.Duration `yaml:"stall_duration"`    // 250ms
-	ErrorProb       float64       `yaml:"error_prob"`        // 0.01 per request
-	EOSProb         float64       `yaml:"eos_prob"`          // 0.02 per token after the first
-	MaxTokens       int           `yaml:"max_tokens"`        // 64, when the request sets none
-	Seed            uint64        `yaml:"seed"`              // 1
-}
-
-// Defaults returns the configuration used for zero fields.
-func Defaults() Config {
-	return Config{
-		Model: "tokentap-sim", MaxBatch: 8, MaxQueue: 32, RejectStatus: 429,
-		PrefillBase: 10 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond,
-		DecodeBase: 15 * time.Millisecond, DecodePerSeq: time.Millisecond,
-		Jitter: 0.1, MultiTokenProb: 0.05, StallProb: 0.002, StallDuration: 250 * time.Millisecond,
-		ErrorProb: 0.01, EOSProb: 0.02, MaxTokens: 64, Seed: 1,
-	}
-}
-
-// WithDefaults fills the zero fields of c from Defaults. Probabilities
-// are taken as given (zero means never); use Defaults() as a base to get
-// the default probabilities.
-func (c Config) WithDefaults() Config {
-	d := Defaults()
-	if c.Model == "" {
-		c.Model = d.Model
-	}
-	if c.MaxBatch <= 0 {
-		c.MaxBatch = d.MaxBatch
-	}
-	if c.MaxQueue < 0 {
-		c.MaxQueue = 0
-	}
-	if c.RejectStatus == 0 {
-		c.RejectStatus = d.RejectStatus
-	}
-	if c.DecodeBase <= 0 {
-		c.DecodeBase = d.DecodeBase
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = d.MaxTokens
-	}
-	if c.StallDuration <= 0 {
-		c.StallDuration = d.StallDuration
-	}
-	return c
-}
-
-// Validate lists every problem with c.
-func (c Config) Validate() []string {
-	var errs []string
-	prob := func(name string, p float64) {
-		if p < 0 || p > 1 || math.IsNaN(p) {
-			errs = append(errs, name+" must be in [0,1]")
-		}
-	}
-	prob("simulator.jitter", c.Jitter)
-	prob("simulator.multi_token_prob", c.MultiTokenProb)
-	prob("simulator.stall_prob", c.StallProb)
-	prob("simulator.error_prob", c.ErrorProb)
-	prob("simulator.eos_prob", c.EOSProb)
-	if c.MaxBatch < 0 {
-		errs = append(errs, "simulator.max_batch must not be negative")
-	}
-	if c.MaxQueue < 0 {
-		errs = append(errs, "simulator.max_queue must not be negative")
-	}
-	if c.RejectStatus != 0 && (c.RejectStatus < 400 || c.RejectStatus > 599) {
-		errs = append(errs, "simulator.reject_status must be a 4xx or 5xx status")
-	}
-	for _, d := range []struct {
-		n string
-		v time.Duration
-	}{{"prefill_base", c.PrefillBase}, {"prefill_per_token", c.PrefillPerToken}, {"decode_base", c.DecodeBase}, {"decode_per_seq", c.DecodePerSeq}, {"stall_duration", c.StallDuration}} {
-		if d.v < 0 {
-			errs = append(errs, "simulator."+d.n+" must not be negative")
-		}
-	}
-	return errs
-}
+// Config is the simulator section; it lives in package config (a leaf).
+type Config = config.Simulator
 
 // simEvent is what the engine hands to a request's HTTP handler.
 type simEvent struct {

@@ -3,13 +3,10 @@ package slo
 import (
 	"html/template"
 	"math"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/tokentap/tokentap/internal/page"
 )
 
 // Status is one SLO's state over this instance's sliding window.
@@ -43,10 +40,10 @@ type Page struct {
 }
 
 // Status computes every SLO's status at now.
-func (j *Judge) Status(now time.Time) Page {
+func (b *Book) Status(now time.Time) Page {
 	p := Page{Scope: "this sidecar instance only, over its own sliding window; fleet-wide attainment comes from Prometheus (slo:tokentap_* recording rules)", Generated: now.UTC()}
-	for i, o := range j.cfg.Objectives {
-		off, qual, tok, fails, span := j.windows[i].Totals(now)
+	for i, o := range b.cfg.Objectives {
+		off, qual, tok, fails, span := b.windows[i].Totals(now)
 		s := Status{Name: o.Name, Target: o.Target, WindowSeconds: o.Window.Seconds(), SpanSeconds: span.Seconds(),
 			Offered: off, Qualified: qual, TopFailures: []Reason{}}
 		s.AttainmentLower95 = WilsonLower(float64(qual), float64(off), Z95)
@@ -98,12 +95,6 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 
 func fmtFloat(f float64) string {
 	return strings.TrimRight(strings.TrimRight(strconvFormat(f), "0"), ".")
-}
-
-// ServeHTTP serves /slo: HTML for browsers, JSON for ?format=json or an
-// Accept header that prefers application/json.
-func (j *Judge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	page.Serve(w, r, j.Status(j.clock()), pageHTML)
 }
 
 func strconvFormat(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }

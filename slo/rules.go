@@ -22,9 +22,9 @@ import (
 // anyone, while a real outage does (MEASUREMENT.md §5: alerting compares a
 // bound, not the point estimate, with the target).
 
-// Windows are the nominal windows of the recording rules; the SRE
+// windows are the nominal windows of the recording rules; the SRE
 // workbook's multi-window, multi-burn-rate pairs use them.
-var Windows = []time.Duration{5 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 6 * time.Hour, 24 * time.Hour, 72 * time.Hour}
+var windows = []time.Duration{5 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 6 * time.Hour, 24 * time.Hour, 72 * time.Hour}
 
 // burnPairs are (long window, short window, burn rate) per alert, from
 // the SRE workbook for a 30-day budget period.
@@ -97,7 +97,7 @@ func Rules(p RuleParams) ruleFile {
 	scale := time.Duration(max(p.Scale, 1))
 	rng := func(d time.Duration) string { return promDuration(d / scale) }
 	var rec []rule
-	for _, w := range Windows {
+	for _, w := range windows {
 		n, r := name(w), rng(w)
 		offered := "slo:tokentap_offered:increase" + n
 		qualified := "slo:tokentap_qualified:increase" + n

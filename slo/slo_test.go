@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -42,11 +43,17 @@ func objective() Objective {
 }
 
 func judge(o Objective, r *record.Record) record.Verdict {
-	v, ok := o.Judge(r)
+	v, ok := Evaluate(&o, r)
 	if !ok {
 		panic("out of scope")
 	}
 	return v
+}
+
+// judged sets the judge's verdict into r, as the pipeline does.
+func judged(j *Judge, r *record.Record) {
+	v := j.Judge(r)
+	r.PromptClass, r.OutputClass, r.Stalls, r.SLO = v.PromptClass, v.OutputClass, v.Stalls, v.SLO
 }
 
 // A good request: TTFT 100 ms, then a token every 40 ms, 5 tokens.
@@ -123,27 +130,48 @@ func TestDenominator(t *testing.T) {
 		o.Name, o.CountCancelled = "no-cancel", &off
 		return o
 	}()}}
-	j := NewJudge(cfg, reg, nil)
+	j, book := NewJudge(cfg), NewBook(cfg, reg)
+	m := exporter.New(exporter.Config{SLOs: []string{"chat", "no-cancel"}})
 	for _, r := range []*record.Record{
 		good(), rec(record.Error, 0), rec(record.Rejected, 0), rec(record.Timeout, 1, 100), rec(record.Cancelled, 2, 100, 130),
 	} {
-		obs := j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
-		obs.End(r)
+		judged(j, r)
+		m.Publish(r, exporter.BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
+		book.Add(r)
 	}
-	check := func(what string, c prometheus.Collector, want float64) {
-		if got := testutil.ToFloat64(c); got != want {
+	check := func(what, metric string, want float64, labels ...string) {
+		vec, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := math.NaN()
+		for _, f := range vec {
+			if f.GetName() != metric {
+				continue
+			}
+		next:
+			for _, x := range f.GetMetric() {
+				for i, l := range x.GetLabel() {
+					if l.GetValue() != labels[i] {
+						continue next
+					}
+				}
+				got = x.GetCounter().GetValue()
+			}
+		}
+		if got != want {
 			t.Errorf("%s = %v, want %v", what, got, want)
 		}
 	}
-	check("offered chat", j.offered.WithLabelValues("chat"), 5)
-	check("qualified chat", j.qualified.WithLabelValues("chat"), 1)
+	check("offered chat", "tokentap_slo_requests_total", 5, "chat")
+	check("qualified chat", "tokentap_slo_qualified_requests_total", 1, "chat")
 	for _, o := range []string{"error", "rejected", "timeout", "cancelled"} {
-		check("failures chat "+o, j.failures.WithLabelValues("chat", o), 1)
+		check("failures chat "+o, "tokentap_slo_failures_total", 1, "chat", o)
 	}
-	check("offered no-cancel", j.offered.WithLabelValues("no-cancel"), 4)
-	check("excluded no-cancel", j.excluded.WithLabelValues("no-cancel", "cancelled"), 1)
-	check("qualified tokens", j.qualTokens.WithLabelValues("chat"), 5)
-	p := j.Status(time.Now())
+	check("offered no-cancel", "tokentap_slo_requests_total", 4, "no-cancel")
+	check("excluded no-cancel", "tokentap_slo_excluded_total", 1, "cancelled", "no-cancel")
+	check("qualified tokens", "tokentap_slo_qualified_output_tokens_total", 5, "chat")
+	p := book.Status(time.Now())
 	if p.SLOs[0].Offered != 5 || p.SLOs[0].Qualified != 1 || p.SLOs[1].Offered != 4 || *p.SLOs[0].Attainment != 0.2 {
 		t.Fatalf("window view %+v", p.SLOs)
 	}
@@ -155,13 +183,13 @@ func TestDenominator(t *testing.T) {
 func TestScope(t *testing.T) {
 	o := objective()
 	o.Scope = Scope{Models: []string{"other"}, Traffic: []string{"live"}}
-	if _, ok := o.Judge(good()); ok {
+	if _, ok := Evaluate(&o, good()); ok {
 		t.Fatal("model m is not in scope [other]")
 	}
 	o.Scope = Scope{APIs: []string{"chat"}, Traffic: []string{"live"}, PromptClasses: []string{"short"}}
 	r := good()
-	r.PromptClass = classify(r.InputTokens, DefaultPromptClasses)
-	if _, ok := o.Judge(r); !ok || r.PromptClass != "short" {
+	r.PromptClass = classify(r.InputTokens, config.DefaultPromptClasses())
+	if _, ok := Evaluate(&o, r); !ok || r.PromptClass != "short" {
 		t.Fatalf("class %q should be in scope", r.PromptClass)
 	}
 }
@@ -294,16 +322,16 @@ func ExampleWilsonLower() {
 func TestVerdictInRecord(t *testing.T) {
 	o := objective()
 	o.Thresholds.Fluidity = 0
-	j := NewJudge(Config{Objectives: []Objective{o}, StallThreshold: 30 * ms}, prometheus.NewRegistry(), nil)
+	j := NewJudge(Config{Objectives: []Objective{o}, StallThreshold: 30 * ms})
 	r := rec(record.Success, 1, 100)
-	j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
+	judged(j, r)
 	b, _ := r.MarshalJSON()
 	want := `"stalls":0,"prompt_class":"short","output_class":"short","slo":[{"name":"chat","qualified":false,"failed":["output_tokens"],"not_applicable":["tpot","max_itl"]}]}`
 	if !strings.HasSuffix(string(b), want) {
 		t.Fatalf("record JSON\n%s\ndoes not end with\n%s", b, want)
 	}
 	r = good() // gaps of 40 ms > 30 ms: 4 stalls
-	j.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
+	judged(j, r)
 	if r.Stalls != 4 {
 		t.Fatalf("stalls %d, want 4", r.Stalls)
 	}

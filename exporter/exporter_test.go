@@ -10,52 +10,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/tokentap/tokentap/record"
 )
-
-// With a ratio of 0, only failed spans and SLO misses are exported; the
-// decisions are counted.
-func TestKeepSlowOrFailed(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	m := New(Config{})
-	keep := NewKeepProcessor(sdktrace.NewSimpleSpanProcessor(exp), 0, m.Registry)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(keep))
-	tr := tp.Tracer("t")
-	_, ok := tr.Start(context.Background(), "ok")
-	ok.SetAttributes(attribute.Bool("tokentap.slo.qualified", true))
-	ok.End()
-	_, miss := tr.Start(context.Background(), "slow")
-	miss.SetAttributes(attribute.Bool("tokentap.slo.qualified", false))
-	miss.End()
-	_, failed := tr.Start(context.Background(), "failed")
-	failed.SetStatus(codes.Error, "stream_error")
-	failed.End()
-	var names []string
-	for _, s := range exp.GetSpans() {
-		names = append(names, s.Name)
-	}
-	if strings.Join(names, ",") != "slow,failed" {
-		t.Fatalf("exported %v, want the SLO miss and the failure only", names)
-	}
-	if testutil.ToFloat64(keep.decisions.WithLabelValues("dropped", "rest")) != 1 ||
-		testutil.ToFloat64(keep.decisions.WithLabelValues("kept", "slo_miss")) != 1 ||
-		testutil.ToFloat64(keep.decisions.WithLabelValues("kept", "error")) != 1 {
-		t.Fatal("decisions not counted")
-	}
-	// Ratio 1 keeps everything.
-	all := NewKeepProcessor(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)
-	if !all.sampled([16]byte{15: 0xff, 8: 0xff}) {
-		t.Fatal("ratio 1 dropped a trace")
-	}
-}
 
 // A scrape that negotiates OpenMetrics finds the trace id as an exemplar
 // on the TTFT histogram.
@@ -67,7 +26,7 @@ func TestTraceIDExemplarOnTTFT(t *testing.T) {
 	r.AddToken(r.Arrive.Add(120*time.Millisecond), 1, true)
 	r.Terminal = r.Arrive.Add(130 * time.Millisecond)
 	r.TraceID, r.SpanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	m.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
+	m.Publish(r, BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
 	srv := httptest.NewServer(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	defer srv.Close()
 	req, _ := http.NewRequest("GET", srv.URL, nil)
@@ -105,7 +64,7 @@ func grep(s, sub string) string {
 // same explicit bucket boundaries as /metrics.
 func TestOTelMetricsSemconv(t *testing.T) {
 	rd := sdkmetric.NewManualReader()
-	om, err := NewOTelMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
+	om, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +75,7 @@ func TestOTelMetricsSemconv(t *testing.T) {
 		r.AddToken(r.Arrive.Add(time.Duration(ms)*time.Millisecond), 1, true)
 	}
 	r.Terminal, r.InputTokens, r.OutputTokens = r.Arrive.Add(180*time.Millisecond), 5, 3
-	om.Begin(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}).End(r)
+	om.Publish(r, BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
 	var rm metricdata.ResourceMetrics
 	if err := rd.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
@@ -135,7 +94,7 @@ func TestOTelMetricsSemconv(t *testing.T) {
 		}
 	}
 	h := got["gen_ai.server.time_to_first_token"].Data.(metricdata.Histogram[float64])
-	if dp := h.DataPoints[0]; len(dp.Bounds) != len(TTFTBuckets) || dp.Bounds[0] != 0.001 || dp.Count != 1 || dp.Sum != 0.1 {
+	if dp := h.DataPoints[0]; len(dp.Bounds) != len(ttftBuckets) || dp.Bounds[0] != 0.001 || dp.Count != 1 || dp.Sum != 0.1 {
 		t.Errorf("TTFT: bounds %v count %d sum %v", dp.Bounds[:3], dp.Count, dp.Sum)
 	}
 	if itl := got["tokentap.inter_token_latency"].Data.(metricdata.Histogram[float64]); itl.DataPoints[0].Count != 2 {

@@ -1,9 +1,10 @@
-package proxy
+package tracing
 
 import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -36,34 +37,84 @@ import (
 // instant; nothing is done per token (events are added at the end from
 // the record's token times).
 
-// TraceOptions configure tracing. The zero value traces nothing.
-type TraceOptions struct {
+// Options configure a Tracer.
+type Options struct {
 	// Provider creates the spans; nil disables tracing.
 	Provider trace.TracerProvider
 	// Propagator extracts the client's context and injects ours upstream;
 	// nil means W3C trace context and baggage.
 	Propagator propagation.TextMapPropagator
-	// ProviderName is gen_ai.provider.name. The conventions treat it as
-	// the telemetry flavour: "openai" promises the openai.* attributes
-	// too, so for a self-hosted engine the default is the engine's own
-	// name; see docs/tracing.md.
+	// ProviderName is gen_ai.provider.name; empty means
+	// "openai_compatible". The conventions treat it as the telemetry
+	// flavour: "openai" promises the openai.* attributes too; see
+	// docs/tracing.md.
 	ProviderName string
 	// Capture, when non-nil, records prompt and completion text on the
 	// inference span (opt-in: pre-production use).
 	Capture *ContentCapture
+	// StallThreshold marks gaps above it as stall events on the span;
+	// zero adds none.
+	StallThreshold time.Duration
+}
+
+// MaxStallEvents caps the stall events on one span; the count of all
+// stalls is an attribute (tokentap.stalls) regardless.
+const MaxStallEvents = 64
+
+// Tracer starts and ends the spans of requests. A nil *Tracer traces
+// nothing; every method is safe on it.
+type Tracer struct {
+	opts   Options
+	tracer trace.Tracer
+}
+
+// New returns a Tracer, or nil when opts.Provider is nil.
+func New(opts Options) *Tracer {
+	if opts.Provider == nil {
+		return nil
+	}
+	if opts.Propagator == nil {
+		opts.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	if opts.ProviderName == "" {
+		opts.ProviderName = "openai_compatible"
+	}
+	return &Tracer{opts: opts, tracer: opts.Provider.Tracer("github.com/tokentap/tokentap/tracing")}
+}
+
+// Capturing reports whether content capture is on (the proxy then keeps
+// the request body and the response bytes, bounded).
+func (t *Tracer) Capturing() bool { return t != nil && t.opts.Capture != nil }
+
+// Inject writes ctx's span context into an upstream request's headers:
+// our client span replaces the client's traceparent (which is its
+// parent's), so the engine's spans join under it.
+func (t *Tracer) Inject(ctx context.Context, h http.Header) {
+	if t != nil {
+		t.opts.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
+	}
 }
 
 // ContentCapture is the opt-in content capture of the conventions.
+//
+// The zero value truncates at 4096 bytes and redacts nothing.
 type ContentCapture struct {
 	MaxBytes int              // per attribute, after redaction; 0 means 4096
 	Redact   []*regexp.Regexp // each match is replaced by "[REDACTED]"
 }
 
-// DefaultRedactions match API keys, bearer tokens and e-mail addresses.
-var DefaultRedactions = []*regexp.Regexp{
-	regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{16,}`),
-	regexp.MustCompile(`(?i)\bbearer\s+[A-Za-z0-9._\-]{8,}`),
-	regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`),
+// DefaultRedactions returns the patterns always applied to captured
+// content: API keys of any realistic length (sk-…, sk-ant-…, sk-proj-…),
+// bearer tokens, JWTs, AWS access key ids and e-mail addresses. Each call
+// returns a new slice.
+func DefaultRedactions() []*regexp.Regexp {
+	return []*regexp.Regexp{
+		regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`),
+		regexp.MustCompile(`(?i)\bbearer\s+[A-Za-z0-9._~+/\-]{8,}=*`),
+		regexp.MustCompile(`\beyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*`),
+		regexp.MustCompile(`\b(?:AKIA|ASIA)[A-Z0-9]{16}\b`),
+		regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}`),
+	}
 }
 
 func (c *ContentCapture) clean(s string) string {
@@ -84,50 +135,65 @@ func (c *ContentCapture) clean(s string) string {
 	return s
 }
 
-type spans struct {
-	server, client trace.Span
+// Params are the request's sampling parameters that the inference span
+// carries.
+type Params struct {
+	MaxTokens   int64
+	Temperature *float64
+	TopP        *float64
+	Seed        *int64
 }
 
-// startSpans opens the two spans at arrival and returns the context the
-// upstream request must carry.
-func (p *Proxy) startSpans(ctx context.Context, r *http.Request, st *reqState) context.Context {
-	t := &p.opts.Trace
-	if t.Provider == nil {
-		return ctx
+// Spans are one request's two spans. A nil *Spans is a request that is
+// not traced.
+type Spans struct {
+	t              *Tracer
+	server, client trace.Span
+	params         Params
+	body           []byte // the request body, kept only for content capture
+}
+
+// Start opens the two spans at the record's arrival and returns the
+// context the upstream request must carry. It sets rec.TraceID and
+// rec.SpanID when the request is sampled. body is kept only when content
+// capture is on.
+func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record, upstream *url.URL, p Params, body []byte) (context.Context, *Spans) {
+	if t == nil {
+		return ctx, nil
 	}
-	ctx = t.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
-	tr := t.Provider.Tracer("github.com/tokentap/tokentap/proxy")
-	rec := st.rec
-	ctx, server := tr.Start(ctx, r.Method+" "+route(r), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
+	ctx = t.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	ctx, server := t.tracer.Start(ctx, r.Method+" "+route(r), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
 		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 	op := rec.API.Operation()
 	name := op
 	if rec.Model != "" {
 		name += " " + rec.Model
 	}
-	up := p.opts.Upstream
-	port, _ := strconv.Atoi(up.Port())
+	port, _ := strconv.Atoi(upstream.Port())
 	if port == 0 {
-		port = map[string]int{"https": 443}[up.Scheme]
-		if port == 0 {
-			port = 80
+		port = 80
+		if upstream.Scheme == "https" {
+			port = 443
 		}
 	}
 	start := []attribute.KeyValue{ // set at start: samplers may use them
 		attribute.String("gen_ai.operation.name", op),
-		attribute.String("gen_ai.provider.name", t.ProviderName),
-		attribute.String("server.address", up.Hostname()),
+		attribute.String("gen_ai.provider.name", t.opts.ProviderName),
+		attribute.String("server.address", upstream.Hostname()),
 		attribute.Int("server.port", port),
 	}
 	if rec.Model != "" {
 		start = append(start, attribute.String("gen_ai.request.model", rec.Model))
 	}
-	ctx, client := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(rec.Arrive), trace.WithAttributes(start...))
-	st.spans = &spans{server: server, client: client}
+	ctx, client := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(rec.Arrive), trace.WithAttributes(start...))
+	s := &Spans{t: t, server: server, client: client, params: p}
+	if t.opts.Capture != nil {
+		s.body = body
+	}
 	if sc := client.SpanContext(); sc.IsSampled() {
 		rec.TraceID, rec.SpanID = sc.TraceID().String(), sc.SpanID().String()
 	}
-	return ctx
+	return ctx, s
 }
 
 func route(r *http.Request) string {
@@ -140,41 +206,34 @@ func route(r *http.Request) string {
 	return p
 }
 
-type spanEnder struct {
-	p  *Proxy
-	st *reqState
-}
-
-func (e spanEnder) EndTrace(*record.Record) { e.p.endSpans(e.st) }
-
-// endSpans sets the attributes known at the end and closes both spans at
-// the terminal instant.
-func (p *Proxy) endSpans(st *reqState) {
-	sp := st.spans
-	if sp == nil {
+// End sets the attributes known from the finished record and closes both
+// spans at its terminal instant (their true end, whenever End is called).
+// captured is the response body kept for content capture, or nil.
+func (s *Spans) End(rec *record.Record, captured []byte) {
+	if s == nil {
 		return
 	}
-	rec, in := st.rec, st.info
 	end := rec.Terminal
 	if end.IsZero() {
-		end = p.clock.Now()
+		end = time.Now()
 	}
 	a := []attribute.KeyValue{}
 	add := func(kv ...attribute.KeyValue) { a = append(a, kv...) }
 	if rec.Stream {
 		add(attribute.Bool("gen_ai.request.stream", true))
 	}
-	if in.MaxTokens > 0 {
-		add(attribute.Int64("gen_ai.request.max_tokens", in.MaxTokens))
+	p := s.params
+	if p.MaxTokens > 0 {
+		add(attribute.Int64("gen_ai.request.max_tokens", p.MaxTokens))
 	}
-	if in.Temperature != nil {
-		add(attribute.Float64("gen_ai.request.temperature", *in.Temperature))
+	if p.Temperature != nil {
+		add(attribute.Float64("gen_ai.request.temperature", *p.Temperature))
 	}
-	if in.TopP != nil {
-		add(attribute.Float64("gen_ai.request.top_p", *in.TopP))
+	if p.TopP != nil {
+		add(attribute.Float64("gen_ai.request.top_p", *p.TopP))
 	}
-	if in.Seed != nil {
-		add(attribute.Int64("gen_ai.request.seed", *in.Seed))
+	if p.Seed != nil {
+		add(attribute.Int64("gen_ai.request.seed", *p.Seed))
 	}
 	if rec.ResponseModel != "" {
 		add(attribute.String("gen_ai.response.model", rec.ResponseModel))
@@ -236,46 +295,48 @@ func (p *Proxy) endSpans(st *reqState) {
 			}
 		}
 		add(attribute.Bool("tokentap.slo.qualified", qualified))
-		sp.server.SetAttributes(attribute.Bool("tokentap.slo.qualified", qualified)) // same keep decision
+		s.server.SetAttributes(attribute.Bool("tokentap.slo.qualified", qualified)) // same keep decision
 		if len(failed) > 0 {
 			add(attribute.StringSlice("tokentap.slo.failed", failed))
 		}
 	}
-	if c := p.opts.Trace.Capture; c != nil {
-		if msgs := inputMessages(st.body, c); msgs != "" {
+	if c := s.t.opts.Capture; c != nil {
+		if msgs := inputMessages(s.body, c); msgs != "" {
 			add(attribute.String("gen_ai.input.messages", msgs))
 		}
-		if st.tap != nil && st.tap.captured != nil {
-			text := c.clean(stream.AnswerText(st.tap.captured, rec.Stream))
+		if captured != nil {
+			text := c.clean(stream.AnswerText(captured, rec.Stream))
 			out, _ := json.Marshal([]map[string]any{{"role": "assistant", "parts": []map[string]string{{"type": "text", "content": text}},
 				"finish_reason": rec.FinishReason}})
 			add(attribute.String("gen_ai.output.messages", string(out)))
 		}
 	}
-	cl := sp.client
+	cl := s.client
 	if rec.ErrorType != "" {
 		add(attribute.String("error.type", rec.ErrorType))
 		cl.SetStatus(codes.Error, rec.ErrorType)
-		sp.server.SetAttributes(attribute.String("error.type", rec.ErrorType))
-		sp.server.SetStatus(codes.Error, rec.ErrorType)
+		s.server.SetAttributes(attribute.String("error.type", rec.ErrorType))
+		s.server.SetStatus(codes.Error, rec.ErrorType)
 	}
 	cl.SetAttributes(a...)
 	if !rec.FirstToken.IsZero() {
 		cl.AddEvent("gen_ai.first_token", trace.WithTimestamp(rec.FirstToken))
 	}
-	if rec.Stalls > 0 || st.stallThreshold > 0 {
-		for i := 1; i < len(rec.TokenAt); i++ {
-			if gap := rec.TokenAt[i] - rec.TokenAt[i-1]; st.stallThreshold > 0 && gap > st.stallThreshold {
+	if th := s.t.opts.StallThreshold; th > 0 {
+		n := 0
+		for i := 1; i < len(rec.TokenAt) && n < MaxStallEvents; i++ {
+			if gap := rec.TokenAt[i] - rec.TokenAt[i-1]; gap > th {
 				cl.AddEvent("tokentap.stall", trace.WithTimestamp(rec.Arrive.Add(rec.TokenAt[i])),
 					trace.WithAttributes(attribute.Float64("tokentap.gap", gap.Seconds())))
+				n++
 			}
 		}
 	}
 	if rec.HTTPStatus != 0 {
-		sp.server.SetAttributes(attribute.Int("http.response.status_code", rec.HTTPStatus))
+		s.server.SetAttributes(attribute.Int("http.response.status_code", rec.HTTPStatus))
 	}
 	cl.End(trace.WithTimestamp(end))
-	sp.server.End(trace.WithTimestamp(end))
+	s.server.End(trace.WithTimestamp(end))
 }
 
 // inputMessages renders the request's messages (or prompt) in the

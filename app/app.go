@@ -1,0 +1,467 @@
+// Package app wires the sidecar together: configuration, the built-in
+// simulated engine when no upstream is given, the end-of-request
+// pipeline and its stages, the proxy, the canary probes and the admin
+// endpoints. New builds; Run runs; Close releases. cmd/sidecar's main
+// only calls Main.
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/gpu"
+	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/probe"
+	"github.com/tokentap/tokentap/proxy"
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/simengine"
+	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/tracing"
+)
+
+// UsageError is a bad flag, environment variable or config file: the
+// process exits 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// ExitCode maps Run's error to the process exit code: 0, 2 for a usage
+// error, 1 otherwise.
+func ExitCode(err error) int {
+	var ue *UsageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
+}
+
+// Env is what the sidecar needs from the process.
+type Env struct {
+	Getenv func(string) string
+	Stdout io.Writer
+	Stderr io.Writer
+	// Ready, if set, is called once every listener is bound, with the
+	// resolved addresses (tests use it with ":0" ports).
+	Ready func(Addrs)
+	// OpenGPU opens the GPU source; nil means gpu.Open (NVML). Tests
+	// give go-nvml's mock servers here.
+	OpenGPU func(selection []string, none bool) (gpu.Source, error)
+	// Hangup receives a value for every SIGHUP: the records file is
+	// reopened (logrotate's create mode). Nil: never.
+	Hangup <-chan os.Signal
+}
+
+// Addrs are the bound addresses.
+type Addrs struct {
+	Proxy, Admin string
+	Upstream     string
+	Simulated    bool
+}
+
+// Run loads the configuration from args and the environment, builds the
+// sidecar and runs it until ctx is done, then shuts down gracefully.
+func Run(ctx context.Context, args []string, env Env) error {
+	cfg, err := config.Load(args, env.Getenv, env.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "sidecar: invalid configuration:\n")
+		for _, e := range flattenJoin(err) {
+			fmt.Fprintf(env.Stderr, "  - %v\n", e)
+		}
+		return &UsageError{err}
+	}
+	if cfg.Check {
+		return printConfig(env.Stdout, cfg)
+	}
+	s, err := New(ctx, cfg, env)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Run(ctx)
+}
+
+// printConfig prints the effective configuration (--config.check), with
+// any password in the upstream URL hidden.
+func printConfig(w io.Writer, cfg config.Config) error {
+	cfg.Upstream = config.Redacted(cfg.Upstream)
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "# effective configuration (defaults, file %q, TOKENTAP_* environment, flags)\n%s", cfg.File, b)
+	fmt.Fprintf(w, "configuration OK\n")
+	return nil
+}
+
+// Sidecar is a built sidecar: every component constructed, every
+// listener bound, nothing serving yet. Create it with New, run it with
+// Run, release it with Close.
+type Sidecar struct {
+	cfg     config.Config
+	env     Env
+	log     *slog.Logger
+	addrs   Addrs
+	cleanup []func() // run in reverse by Close
+
+	otel     *tracing.Providers
+	records  *record.File
+	sampler  *gpu.Sampler
+	prober   *probe.Prober
+	nprobes  int
+	proxySrv *http.Server
+	adminSrv *http.Server
+	pln, aln net.Listener
+}
+
+func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
+
+// Close releases everything New acquired, in reverse order. It is safe
+// to call more than once.
+func (s *Sidecar) Close() {
+	for i := len(s.cleanup) - 1; i >= 0; i-- {
+		s.cleanup[i]()
+	}
+	s.cleanup = nil
+}
+
+// New builds the sidecar from a valid configuration. It constructs the
+// data path from its end back to its start, each stage handed the next:
+// metric backends, upstream, record sinks, energy, tracing, SLO verdict,
+// the pipeline, then the proxy and the probes that feed it, then the
+// listeners. On error, everything built so far is released.
+func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error) {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	s := &Sidecar{cfg: cfg, env: env, log: slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	log := s.log
+
+	// Metric backends: Prometheus always, OTLP (and traces) when the
+	// OTEL_* environment asks.
+	judge := slo.NewJudge(cfg.SLO)
+	var sloNames []string
+	for _, o := range judge.Config().Objectives {
+		sloNames = append(sloNames, o.Name)
+	}
+	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames})
+	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
+		return nil, &UsageError{err}
+	}
+	s.defer_(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.otel.Shutdown(sctx); err != nil { // flushes spans and metrics
+			log.Warn("flushing OpenTelemetry data", "err", err)
+		}
+	})
+	var otlp *exporter.OTLP
+	if s.otel.Metrics != nil {
+		if otlp, err = exporter.NewOTLP(s.otel.Metrics); err != nil {
+			return nil, err
+		}
+	}
+
+	// The upstream: the engine, or the built-in simulator.
+	s.addrs.Upstream = cfg.Upstream
+	if cfg.Upstream == "" {
+		if err := s.startSimulator(); err != nil {
+			return nil, err
+		}
+	}
+	up, _ := url.Parse(s.addrs.Upstream)
+
+	// Record sinks.
+	var sinks []record.Sink
+	switch cfg.Records {
+	case "":
+	case "-":
+		sinks = append(sinks, record.NewJSONL(env.Stdout))
+	default:
+		if s.records, err = record.OpenFile(cfg.Records, record.FileOptions{Logger: log}); err != nil {
+			return nil, fmt.Errorf("records: %w", err)
+		}
+		s.defer_(func() { s.closeRecords(5 * time.Second) })
+		exportFileStats(metrics.Registry, s.records)
+		sinks = append(sinks, s.records)
+	}
+
+	// GPU energy: on when NVML works (or when asked), else off, said once.
+	s.sampler = s.openEnergy(ctx, metrics)
+
+	// Tracing.
+	var tracer *tracing.Tracer
+	if s.otel.Traces != nil {
+		topts := tracing.Options{Provider: s.otel.Traces, ProviderName: cfg.Tracing.ProviderName, StallThreshold: judge.Config().StallThreshold}
+		if cfg.Tracing.CaptureContent {
+			c := &tracing.ContentCapture{MaxBytes: cfg.Tracing.MaxContentBytes, Redact: tracing.DefaultRedactions()}
+			for _, r := range cfg.Tracing.Redact {
+				c.Redact = append(c.Redact, regexp.MustCompile(r)) // validated by config
+			}
+			topts.Capture = c
+			log.Warn("content capture is ON: prompts and completions go into spans (redacted, truncated); pre-production use")
+		}
+		tracer = tracing.New(topts)
+		log.Info("tracing on", "keep", cfg.Tracing.Keep)
+	}
+
+	// The end-of-request pipeline (package pipeline draws its stages).
+	book := slo.NewBook(cfg.SLO, metrics.Registry)
+	pipe := pipeline.New(pipeline.Options{
+		Live: metrics, Models: metrics.Models(), Judge: judge, Energy: s.sampler, Tracer: tracer,
+		Prometheus: metrics, OTLP: otlp, Book: book, Sinks: sinks,
+	})
+
+	// The proxy, and the probes that send canary requests through the
+	// same pipeline.
+	probeSecret := randomHex(16)
+	px, err := proxy.New(proxy.Options{
+		ProbeHeader: probeSecret,
+		Upstream:    up,
+		Pipeline:    pipe,
+		Logger:      log,
+		InjectUsage: cfg.InjectUsage,
+		PeekBytes:   cfg.PeekBytes,
+		Timeout:     cfg.Timeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s.pln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	s.defer_(func() { s.pln.Close() })
+	if s.aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		return nil, fmt.Errorf("admin_listen: %w", err)
+	}
+	s.defer_(func() { s.aln.Close() })
+	s.addrs.Proxy, s.addrs.Admin = s.pln.Addr().String(), s.aln.Addr().String()
+
+	probes := cfg.Probes
+	if s.addrs.Simulated && len(probes.Probes) == 0 {
+		probes.Probes = []probe.Def{DefaultSimProbe()}
+	}
+	probes = probes.WithDefaults(cfg.Simulator.Model)
+	s.nprobes = len(probes.Probes)
+	sidecarURL, _ := url.Parse("http://" + s.addrs.Proxy)
+	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
+		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
+
+	// Admin endpoints.
+	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
+	ready.probes = s.prober
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
+		EnableOpenMetrics: true,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}))
+	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	admin.Handle("GET /readyz", ready)
+	admin.Handle("GET /slo", book)
+	admin.Handle("GET /probes", s.prober)
+
+	s.proxySrv = &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
+	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+	return s, nil
+}
+
+// startSimulator starts the built-in engine on a loopback port; Close
+// stops it.
+func (s *Sidecar) startSimulator() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("simulator: %w", err)
+	}
+	eng := simengine.NewEngine(s.cfg.Simulator)
+	simCtx, simStop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { eng.Run(simCtx); close(done) }()
+	srv := &http.Server{Handler: simengine.NewServer(eng), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	s.defer_(func() { srv.Close(); simStop(); <-done })
+	s.addrs.Upstream, s.addrs.Simulated = "http://"+ln.Addr().String(), true
+	s.log.Warn("NO --upstream GIVEN: running in front of the BUILT-IN SIMULATED ENGINE; every number is synthetic",
+		"simulator", s.addrs.Upstream, "model", eng.Config().Model)
+	return nil
+}
+
+// openEnergy opens NVML as the configuration asks and returns the
+// sampler, or nil when energy is off (said once, with why).
+func (s *Sidecar) openEnergy(ctx context.Context, metrics *exporter.Metrics) *gpu.Sampler {
+	cfg, log := s.cfg.Energy, s.log
+	state, reason := gpu.StateOff, "disabled"
+	defer func() { gpu.ExportState(metrics.Registry, state, reason) }()
+	if cfg.Enabled == "off" {
+		return nil
+	}
+	sel, none := gpu.Selection(cfg.Devices, s.env.Getenv)
+	open := s.env.OpenGPU
+	if open == nil {
+		open = gpu.Open
+	}
+	src, err := open(sel, none)
+	switch {
+	case err != nil:
+		reason = gpu.Reason(err)
+		lvl := slog.LevelInfo
+		if cfg.Enabled == "on" {
+			lvl = slog.LevelError
+		}
+		log.Log(ctx, lvl, "energy off: GPU energy needs NVML; everything else runs", "reason", err)
+		return nil
+	case len(src.Devices()) == 0:
+		src.Close()
+		reason = "no_devices"
+		log.Warn("energy off: NVML found no selected GPU", "selection", sel)
+		return nil
+	}
+	state, reason = gpu.StateOn, "nvml"
+	s.defer_(func() { src.Close() })
+	log.Info("energy on", "gpus", len(src.Devices()), "interval", cfg.Interval)
+	return gpu.NewSampler(src, cfg, metrics.Registry)
+}
+
+// Run serves until ctx is done or a server fails, then shuts down: the
+// probes stop first, in-flight streams get the grace period, the energy
+// sampler attributes its last interval (publishing the records it held).
+func (s *Sidecar) Run(ctx context.Context) error {
+	log, cfg := s.log, s.cfg
+	errc := make(chan error, 2)
+	go func() { errc <- s.proxySrv.Serve(s.pln) }()
+	go func() { errc <- s.adminSrv.Serve(s.aln) }()
+	log.Info("tokentap is up", "proxy", "http://"+s.addrs.Proxy, "upstream", config.Redacted(s.addrs.Upstream),
+		"metrics", "http://"+s.addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
+	samplerCtx, stopSampler := context.WithCancel(context.Background())
+	samplerDone := make(chan struct{})
+	if s.sampler != nil {
+		go func() { s.sampler.Run(samplerCtx); close(samplerDone) }()
+	} else {
+		close(samplerDone)
+	}
+	probeCtx, stopProbes := context.WithCancel(context.Background())
+	probesDone := make(chan struct{})
+	go func() { s.prober.Run(probeCtx); close(probesDone) }()
+	if s.nprobes > 0 {
+		log.Info("canary probes running", "probes", s.nprobes)
+	}
+	if s.env.Ready != nil {
+		s.env.Ready(s.addrs)
+	}
+
+	var runErr error
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-errc:
+			runErr = err
+			break wait
+		case <-s.env.Hangup:
+			if s.records != nil {
+				if err := s.records.Reopen(); err != nil {
+					log.Error("SIGHUP: reopening the records file", "path", cfg.Records, "err", err)
+				} else {
+					log.Info("SIGHUP: records file reopened", "path", cfg.Records)
+				}
+			}
+		}
+	}
+	stopProbes() // probes stop first: a probe due now is recorded as not_sent
+	<-probesDone
+	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer scancel()
+	if err := s.proxySrv.Shutdown(sctx); err != nil {
+		log.Warn("grace period over; closing the remaining streams", "err", err)
+		s.proxySrv.Close()
+	}
+	stopSampler() // the last interval is attributed and held records published
+	<-samplerDone
+	s.closeRecords(10 * time.Second)
+	s.adminSrv.Close()
+	if errors.Is(runErr, http.ErrServerClosed) {
+		runErr = nil
+	}
+	return runErr
+}
+
+// closeRecords drains, fsyncs and closes the records file (once).
+func (s *Sidecar) closeRecords(within time.Duration) {
+	if s.records == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := s.records.Close(ctx); err != nil {
+		s.log.Error("closing the records file", "path", s.cfg.Records, "err", err)
+	}
+}
+
+// exportFileStats exports the records file's counters.
+func exportFileStats(reg prometheus.Registerer, f *record.File) {
+	c := func(name, help string, v func(record.FileStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v(f.Stats())) })
+	}
+	reg.MustRegister(
+		c("tokentap_records_written_total", "Records written whole to the records file.", func(s record.FileStats) uint64 { return s.Written }),
+		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error); each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
+		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
+	)
+}
+
+func flattenJoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flattenJoin(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// DefaultSimProbe is the probe that runs with the built-in simulator when
+// no probe is declared: a shape-controlled request (ignore_eos) whose
+// answer must have exactly max_tokens tokens and finish by length.
+func DefaultSimProbe() probe.Def {
+	return probe.Def{Name: "sim-canary", Interval: 5 * time.Second, MaxTokens: 8, IgnoreEOS: true,
+		Prompt: "tokentap canary: say eight words.",
+		Expect: probe.Expect{FinishReason: "length", OutputTokensMin: 8, OutputTokensMax: 8}}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,267 @@
+package exporter
+
+import (
+	"time"
+
+	"github.com/tokentap/tokentap/record"
+)
+
+// The one telemetry mapping (design note). Every number a finished
+// record contributes to a metric is decided here, once, by Map: which
+// instrument, which value, which bounded label values. The Prometheus
+// backend (metrics.go) and the OTLP backend (otlp.go) both consume Map's
+// output and only translate names, so they cannot disagree on what a
+// request counts as, or on a label's value: the bounded model label is
+// applied before Map runs, for both.
+//
+// Definitions: docs/measurement.md; the exported names: docs/metrics.md.
+
+// Label is one attribute of the per-request instruments.
+type Label uint8
+
+// Labels of the per-request instruments. Every value is bounded: fixed
+// enums, configured names (probes, SLOs, classes), or the bounded model
+// label.
+const (
+	LOperation   Label = iota // gen_ai.operation.name: chat, text_completion, other
+	LModel                    // bounded gen_ai.request.model
+	LTraffic                  // live, canary
+	LProbe                    // probe name, "" for live
+	LErrorType                // record error types, "" on success
+	LOutcome                  // record outcomes
+	LModality                 // "text"
+	LPromptClass              // configured classes
+	LOutputClass              // configured classes
+	LSLO                      // configured SLO names
+	LThreshold                // slo failure reasons
+	LReason                   // excluded reason
+	numLabels
+)
+
+// Labels are the values of every label for one observation.
+type Labels [numLabels]string
+
+// promLabel and otelAttr name each label in each backend. gen_ai_* labels
+// are the OTel GenAI attribute names as the OTel Prometheus exporter
+// would translate them, so the same PromQL works on series from either
+// path.
+var (
+	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
+		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason"}
+	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
+		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
+		"tokentap.slo.threshold", "tokentap.reason"}
+)
+
+// Instrument is one per-request metric.
+type Instrument uint8
+
+// The per-request instruments, in the order Map emits them.
+const (
+	Requests Instrument = iota
+	Duration
+	TTFB
+	TTFT
+	TTFOT
+	TPOT
+	ITL
+	Stalls
+	MaxGap
+	TTFTByClass
+	TPOTByClass
+	InputTokens
+	OutputTokens
+	SLOOffered
+	SLOQualified
+	SLOQualifiedTokens
+	SLOFailures
+	SLOExcluded
+	Fluidity
+	EnergyPerToken
+	DecodeSOL
+	numInstruments
+)
+
+// Spec describes an instrument in both backends.
+type Spec struct {
+	Prom, OTel string // names
+	Unit       string // OTel unit
+	Help       string
+	Counter    bool      // else a histogram
+	Buckets    []float64 // histograms: the same boundaries in both backends
+	Labels     []Label
+	Exemplar   bool // Prometheus attaches the request's trace id
+}
+
+// Bucket boundaries (seconds). Each is a superset of the OTel GenAI
+// advisory boundaries for the matching metric, refined to single
+// milliseconds at the low end so that SLO thresholds such as 5 ms ITL or
+// 200 ms TTFT fall on a bucket edge.
+var (
+	ttftBuckets = []float64{
+		0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01,
+		0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.08,
+		0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1, 1.25, 1.5, 2,
+		2.5, 3, 4, 5, 7.5, 10, 15, 20, 30, 45, 60, 120,
+	}
+	itlBuckets = []float64{
+		0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009,
+		0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06,
+		0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10,
+	}
+	e2eBuckets = []float64{
+		0.005, 0.01, 0.02, 0.025, 0.04, 0.05, 0.08, 0.1, 0.16, 0.25, 0.32, 0.5,
+		0.64, 1, 1.28, 2, 2.56, 5, 5.12, 10, 10.24, 20, 20.48, 30, 40.96, 60,
+		81.92, 120, 300, 600,
+	}
+	forwardBuckets = []float64{
+		1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3,
+		0.01, 0.05, 0.1, 1,
+	}
+	stallBuckets     = []float64{0, 1, 2, 3, 5, 10, 20, 50}
+	gapBuckets       = []float64{0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30}
+	classTTFTBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60}
+	classTPOTBuckets = []float64{0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1}
+	fluidityBuckets  = []float64{0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995, 1}
+	energyBuckets    = []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100}
+	solBuckets       = []float64{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.2}
+)
+
+var (
+	base      = []Label{LOperation, LModel, LTraffic, LProbe}
+	classes   = []Label{LModel, LTraffic, LProbe, LPromptClass, LOutputClass}
+	withExtra = func(extra ...Label) []Label { return append(append([]Label{}, base...), extra...) }
+)
+
+var specs = [numInstruments]Spec{
+	Requests: {Prom: "tokentap_requests_total", OTel: "tokentap.requests", Unit: "{request}", Counter: true, Labels: withExtra(LOutcome),
+		Help: "Finished requests by outcome (success, error, rejected, cancelled, timeout). gen_ai_operation_name=\"other\" counts routes passed through untouched."},
+	Duration: {Prom: "gen_ai_server_request_duration_seconds", OTel: "gen_ai.server.request.duration", Unit: "s", Buckets: e2eBuckets, Labels: withExtra(LErrorType), Exemplar: true,
+		Help: "End-to-end latency: request arrival to the terminal outcome (end marker, EOF, error, cancel or timeout), for every request."},
+	TTFB: {Prom: "tokentap_time_to_first_byte_seconds", OTel: "tokentap.time_to_first_byte", Unit: "s", Buckets: ttftBuckets, Labels: base,
+		Help: "Time from request arrival to the first response body byte read from the upstream."},
+	TTFT: {Prom: "gen_ai_server_time_to_first_token_seconds", OTel: "gen_ai.server.time_to_first_token", Unit: "s", Buckets: ttftBuckets, Labels: base, Exemplar: true,
+		Help: "Time from request arrival at the sidecar to the first event carrying generated output (content, reasoning or tool-call arguments). One observation per streamed request that produced a token."},
+	TTFOT: {Prom: "tokentap_time_to_first_output_token_seconds", OTel: "tokentap.time_to_first_output_token", Unit: "s", Buckets: ttftBuckets, Labels: base, Exemplar: true,
+		Help: "Time from request arrival to the first event carrying user-visible content or tool-call arguments (reasoning excluded)."},
+	TPOT: {Prom: "gen_ai_server_time_per_output_token_seconds", OTel: "gen_ai.server.time_per_output_token", Unit: "s", Buckets: itlBuckets, Labels: base, Exemplar: true,
+		Help: "Request-weighted time per output token: (last token event - first token event) / (output tokens - 1), one observation per request with at least 2 output tokens."},
+	ITL: {Prom: "tokentap_inter_token_latency_seconds", OTel: "tokentap.inter_token_latency", Unit: "s", Buckets: itlBuckets, Labels: base,
+		Help: "Token-weighted inter-token gap: one observation per gap between consecutive token-bearing events (an event carrying k tokens is still one gap)."},
+	Stalls: {Prom: "tokentap_stalls_per_request", OTel: "tokentap.stalls_per_request", Unit: "{stall}", Buckets: stallBuckets, Labels: base,
+		Help: "Per-request count of gaps between token events above the stall threshold; streamed requests with tokens."},
+	MaxGap: {Prom: "tokentap_max_inter_token_gap_seconds", OTel: "tokentap.max_inter_token_gap", Unit: "s", Buckets: gapBuckets, Labels: base,
+		Help: "Per-request largest gap between consecutive token events (request-weighted); streamed requests with at least 2 token events."},
+	TTFTByClass: {Prom: "tokentap_time_to_first_token_by_class_seconds", OTel: "tokentap.time_to_first_token_by_class", Unit: "s", Buckets: classTTFTBuckets, Labels: classes,
+		Help: "TTFT by request class (prompt and output length classes, see docs/slo.md): prefill cost per class."},
+	TPOTByClass: {Prom: "tokentap_time_per_output_token_by_class_seconds", OTel: "tokentap.time_per_output_token_by_class", Unit: "s", Buckets: classTPOTBuckets, Labels: classes,
+		Help: "TPOT by request class."},
+	InputTokens: {Prom: "gen_ai_client_inference_usage_input_tokens_total", OTel: "gen_ai.client.inference.usage.input_tokens", Unit: "{token}", Counter: true, Labels: withExtra(LModality),
+		Help: "Input (prompt) tokens reported by the engine's usage numbers, summed over finished requests."},
+	OutputTokens: {Prom: "gen_ai_client_inference_usage_output_tokens_total", OTel: "gen_ai.client.inference.usage.output_tokens", Unit: "{token}", Counter: true, Labels: withExtra(LModality),
+		Help: "Output tokens of finished requests, from the best source available (see tokentap_output_token_source in docs)."},
+	SLOOffered: {Prom: "tokentap_slo_requests_total", OTel: "tokentap.slo.requests", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
+		Help: "Requests offered to each SLO: every request in its scope that arrived, errors, rejections, timeouts and (unless the SLO excludes them) cancellations included. The attainment denominator."},
+	SLOQualified: {Prom: "tokentap_slo_qualified_requests_total", OTel: "tokentap.slo.qualified_requests", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
+		Help: "Requests that qualified: outcome success and every applicable threshold met. The attainment numerator."},
+	SLOQualifiedTokens: {Prom: "tokentap_slo_qualified_output_tokens_total", OTel: "tokentap.slo.qualified_output_tokens", Unit: "{token}", Counter: true, Labels: []Label{LSLO},
+		Help: "Output tokens of qualified requests: rate() of it is token goodput."},
+	SLOFailures: {Prom: "tokentap_slo_failures_total", OTel: "tokentap.slo.failures", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LThreshold},
+		Help: "Offered requests that did not qualify, by reason: each failed threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens) or the outcome (error, rejected, timeout, cancelled). A request failing two thresholds counts under both."},
+	SLOExcluded: {Prom: "tokentap_slo_excluded_total", OTel: "tokentap.slo.excluded", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LReason},
+		Help: "Requests in scope left out of the denominator by the SLO's declared options (reason=cancelled when count_cancelled is false)."},
+	Fluidity: {Prom: "tokentap_fluidity_ratio", OTel: "tokentap.fluidity", Unit: "1", Buckets: fluidityBuckets, Labels: []Label{LSLO},
+		Help: "Per-request deadline-based fluidity score (docs/measurement.md §6) under each SLO's schedule; streamed requests with tokens, in scope."},
+	EnergyPerToken: {Prom: "tokentap_request_energy_per_token_joules", OTel: "tokentap.request.energy_per_token", Unit: "J", Buckets: energyBuckets, Labels: []Label{LModel, LPromptClass, LOutputClass},
+		Help: "Per-request total energy attributed to the request divided by its output tokens."},
+	DecodeSOL: {Prom: "tokentap_decode_speed_of_light_ratio", OTel: "tokentap.decode_speed_of_light", Unit: "1", Buckets: solBuckets, Labels: []Label{LModel},
+		Help: "Per-request measured decode rate as a fraction of the memory-bandwidth ceiling for its model and context."},
+}
+
+// Specs returns a copy of every instrument's description.
+func Specs() []Spec { return append([]Spec{}, specs[:]...) }
+
+// BaseLabels are the labels fixed at a request's start: its key, with the
+// model already bounded.
+func BaseLabels(k record.Key) Labels {
+	var l Labels
+	l[LOperation], l[LModel], l[LTraffic], l[LProbe] = k.API.Operation(), k.Model, k.Traffic, k.Probe
+	return l
+}
+
+// Emit receives one observation: instrument i takes value v under the
+// label values l (each backend reads the labels i's Spec names).
+type Emit func(i Instrument, v float64, l *Labels)
+
+// Map maps a finished record to its observations. l holds the request's
+// base labels (BaseLabels). gaps says whether to emit the ITL gaps: a
+// backend that observed them live, per event, asks for none.
+func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
+	l[LOutcome], l[LErrorType], l[LModality] = string(r.Outcome), r.ErrorType, "text"
+	l[LPromptClass], l[LOutputClass] = r.PromptClass, r.OutputClass
+	secs := func(i Instrument, d time.Duration, ok bool) {
+		if ok {
+			emit(i, d.Seconds(), &l)
+		}
+	}
+	emit(Requests, 1, &l)
+	d, ok := r.E2E()
+	secs(Duration, d, ok)
+	d, ok = r.TTFB()
+	secs(TTFB, d, ok)
+	if r.Stream {
+		d, ok = r.TTFT()
+		secs(TTFT, d, ok)
+		d, ok = r.TTFOT()
+		secs(TTFOT, d, ok)
+		d, ok = r.TPOT()
+		secs(TPOT, d, ok)
+		if gaps {
+			r.Gaps(func(g time.Duration) { emit(ITL, g.Seconds(), &l) })
+		}
+		// Smoothness and classes are set by the SLO stage.
+		if r.PromptClass != "" && r.TokenEvents() > 0 {
+			emit(Stalls, float64(r.Stalls), &l)
+			secs(MaxGap, r.MaxGap, r.TokenEvents() >= 2)
+			d, ok = r.TTFT()
+			secs(TTFTByClass, d, ok)
+			d, ok = r.TPOT()
+			secs(TPOTByClass, d, ok)
+		}
+	}
+	if r.InputTokens > 0 {
+		emit(InputTokens, float64(r.InputTokens), &l)
+	}
+	if r.OutputTokens > 0 {
+		emit(OutputTokens, float64(r.OutputTokens), &l)
+	}
+	for i := range r.SLO {
+		v := &r.SLO[i]
+		l[LSLO] = v.Name
+		if v.Excluded {
+			l[LReason] = string(record.Cancelled)
+			emit(SLOExcluded, 1, &l)
+			continue
+		}
+		emit(SLOOffered, 1, &l)
+		if v.Qualified {
+			emit(SLOQualified, 1, &l)
+			if r.OutputTokens > 0 {
+				emit(SLOQualifiedTokens, float64(r.OutputTokens), &l)
+			}
+		}
+		for _, f := range v.Failed {
+			l[LThreshold] = f
+			emit(SLOFailures, 1, &l)
+		}
+		if v.Fluidity != nil {
+			emit(Fluidity, *v.Fluidity, &l)
+		}
+	}
+	if r.EnergySource != "" && r.EnergySource != "none" && r.OutputTokens > 0 {
+		emit(EnergyPerToken, r.EnergyJ/float64(r.OutputTokens), &l)
+	}
+	if r.DecodeSOL > 0 {
+		emit(DecodeSOL, r.DecodeSOL, &l)
+	}
+}

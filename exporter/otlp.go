@@ -1,0 +1,61 @@
+package exporter
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/tokentap/tokentap/record"
+)
+
+// OTLP is the OTLP backend of the one mapping: the same instruments as
+// /metrics on an OTel meter, under the GenAI semantic-convention names
+// and units with the same explicit bucket boundaries, and the same
+// bounded label values (empty ones are left out, as the conventions
+// prefer). It observes at the end of each request (gaps included), so
+// the hot path is untouched.
+type OTLP struct {
+	hist [numInstruments]metric.Float64Histogram
+	ctr  [numInstruments]metric.Int64Counter
+}
+
+// NewOTLP creates the instruments on mp.
+func NewOTLP(mp metric.MeterProvider) (*OTLP, error) {
+	m := mp.Meter("github.com/tokentap/tokentap/exporter")
+	o := &OTLP{}
+	var errs []error
+	for i, s := range specs {
+		var err error
+		if s.Counter {
+			o.ctr[i], err = m.Int64Counter(s.OTel, metric.WithUnit(s.Unit), metric.WithDescription(s.Help))
+		} else {
+			o.hist[i], err = m.Float64Histogram(s.OTel, metric.WithUnit(s.Unit), metric.WithDescription(s.Help),
+				metric.WithExplicitBucketBoundaries(s.Buckets...))
+		}
+		errs = append(errs, err)
+	}
+	return o, errors.Join(errs...)
+}
+
+// Publish records a finished record's observations. l are the request's
+// base labels, bounded as for Prometheus.
+func (o *OTLP) Publish(r *record.Record, l Labels) {
+	ctx := context.Background()
+	Map(r, l, true, func(i Instrument, v float64, l *Labels) {
+		s := &specs[i]
+		attrs := make([]attribute.KeyValue, 0, len(s.Labels))
+		for _, lab := range s.Labels {
+			if l[lab] != "" {
+				attrs = append(attrs, attribute.String(otelAttr[lab], l[lab]))
+			}
+		}
+		set := metric.WithAttributes(attrs...)
+		if s.Counter {
+			o.ctr[i].Add(ctx, int64(v), set)
+		} else {
+			o.hist[i].Record(ctx, v, set)
+		}
+	})
+}

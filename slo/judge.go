@@ -1,0 +1,182 @@
+package slo
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokentap/tokentap/internal/page"
+	"github.com/tokentap/tokentap/record"
+)
+
+// Judge judges finished records. It is a pure function of the record and
+// the configuration: it counts nothing and writes nothing; the pipeline
+// copies its Verdict into the record, and the metric backends count it
+// (docs/measurement.md §5).
+//
+// A Judge with no objectives still classifies requests and counts stalls.
+type Judge struct {
+	cfg Config
+}
+
+// NewJudge returns a judge for cfg, which must be valid; its zero fields
+// take their defaults.
+func NewJudge(cfg Config) *Judge { return &Judge{cfg: cfg.WithDefaults()} }
+
+// Config returns the effective configuration.
+func (j *Judge) Config() Config { return j.cfg }
+
+// Verdict is everything judging one record gives.
+type Verdict struct {
+	// PromptClass and OutputClass are the request classes by input and
+	// output tokens ("unknown" when the count is unknown).
+	PromptClass, OutputClass string
+	// Stalls counts gaps above the stall threshold.
+	Stalls int
+	// SLO holds one verdict per objective whose scope the request is in.
+	SLO []record.Verdict
+}
+
+// Judge returns the verdict on a finished record; it does not modify r.
+func (j *Judge) Judge(r *record.Record) Verdict {
+	v := Verdict{
+		PromptClass: classify(r.InputTokens, j.cfg.PromptClasses),
+		OutputClass: classify(r.OutputTokens, j.cfg.OutputClasses),
+		Stalls:      countStalls(r, j.cfg.StallThreshold),
+	}
+	for i := range j.cfg.Objectives {
+		if ov, ok := evaluate(&j.cfg.Objectives[i], r, v.PromptClass, v.OutputClass); ok {
+			v.SLO = append(v.SLO, ov)
+		}
+	}
+	return v
+}
+
+// Book is this instance's own view of its SLOs: a sliding window of
+// verdict counts per objective, served as /slo, and the declared targets
+// as gauges (the shipped alert rules read them). Add is called once per
+// request, never per token.
+type Book struct {
+	cfg     Config
+	clock   func() time.Time
+	windows []*Window // parallel to cfg.Objectives
+}
+
+// NewBook registers the target gauges on reg (nil: none) and returns an
+// empty book for cfg's objectives (cfg must be valid).
+func NewBook(cfg Config, reg prometheus.Registerer) *Book {
+	cfg = cfg.WithDefaults()
+	b := &Book{cfg: cfg, clock: time.Now}
+	target := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokentap_slo_target",
+		Help: "The declared attainment target of each SLO (the shipped alert rules read it)."}, []string{LabelSLO})
+	for _, o := range cfg.Objectives {
+		target.WithLabelValues(o.Name).Set(o.Target)
+		b.windows = append(b.windows, NewWindow(o.Window, 60))
+	}
+	if reg != nil {
+		reg.MustRegister(target)
+	}
+	return b
+}
+
+// Label names of the SLO metrics.
+const (
+	LabelSLO       = "slo"
+	LabelThreshold = "threshold"
+)
+
+// Add counts a finished record's verdicts (those not excluded).
+func (b *Book) Add(r *record.Record) {
+	now := b.clock()
+	for _, v := range r.SLO {
+		if v.Excluded {
+			continue
+		}
+		for i := range b.cfg.Objectives {
+			if b.cfg.Objectives[i].Name != v.Name {
+				continue
+			}
+			tokens := int64(0)
+			if v.Qualified && r.OutputTokens > 0 {
+				tokens = r.OutputTokens
+			}
+			b.windows[i].Add(now, v, tokens)
+		}
+	}
+}
+
+// ServeHTTP serves /slo: HTML for browsers, JSON for ?format=json or an
+// Accept header that prefers application/json.
+func (b *Book) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	page.Serve(w, r, b.Status(b.clock()), pageHTML)
+}
+
+// Window is a sliding window of verdict counts, in slots: the view of one
+// instance, for the /slo page. Safe for concurrent use; touched once per
+// request, never per token.
+type Window struct {
+	mu    sync.Mutex
+	slot  time.Duration
+	slots []slotCounts
+}
+
+type slotCounts struct {
+	start              time.Time
+	offered, qualified int64
+	tokens             int64
+	failures           map[string]int64
+}
+
+// NewWindow returns a window of length d in n slots.
+func NewWindow(d time.Duration, n int) *Window {
+	return &Window{slot: d / time.Duration(n), slots: make([]slotCounts, n)}
+}
+
+// Add counts a verdict at time now.
+func (w *Window) Add(now time.Time, v record.Verdict, qualifiedTokens int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := now.Truncate(w.slot)
+	s := &w.slots[int(start.UnixNano()/int64(w.slot))%len(w.slots)]
+	if !s.start.Equal(start) {
+		*s = slotCounts{start: start}
+	}
+	s.offered++
+	if v.Qualified {
+		s.qualified++
+		s.tokens += qualifiedTokens
+	}
+	for _, f := range v.Failed {
+		if s.failures == nil {
+			s.failures = map[string]int64{}
+		}
+		s.failures[f]++
+	}
+}
+
+// Totals sums the slots within the window ending at now; span is the
+// time the sum covers.
+func (w *Window) Totals(now time.Time) (offered, qualified, tokens int64, failures map[string]int64, span time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	failures = map[string]int64{}
+	length := w.slot * time.Duration(len(w.slots))
+	oldest := now
+	for _, s := range w.slots {
+		if s.start.IsZero() || now.Sub(s.start) >= length {
+			continue
+		}
+		offered += s.offered
+		qualified += s.qualified
+		tokens += s.tokens
+		for k, v := range s.failures {
+			failures[k] += v
+		}
+		if s.start.Before(oldest) {
+			oldest = s.start
+		}
+	}
+	return offered, qualified, tokens, failures, now.Sub(oldest)
+}
