@@ -86,7 +86,6 @@ type upstream struct {
 	mu        sync.Mutex
 	written   map[string][]time.Duration // per model: offset of each write after arrival
 	cancelled map[string]time.Duration   // per model: when its request context ended
-	traceIn   map[string]string
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -437,7 +437,7 @@ type verdictJSON struct {
 func verdictsJSON(vs []Verdict) []verdictJSON {
 	out := make([]verdictJSON, len(vs))
 	for i, v := range vs {
-		out[i] = verdictJSON{v.Name, v.Qualified, v.Excluded, v.Failed, v.NotApplicable, v.Fluidity}
+		out[i] = verdictJSON(v)
 		if out[i].Failed == nil {
 			out[i].Failed = []string{}
 		}

@@ -50,7 +50,6 @@ type seq struct {
 	generated int
 	buffered  []int
 	out       chan simEvent
-	admitted  bool
 	rng       *rand.Rand
 }
 
