@@ -88,7 +88,8 @@ if [ "$quick" = true ]; then
 else
   step "fuzz" "(each target for $fuzztime)"
   # `go test -list` prints a package's matching names, then its "ok" line.
-  listing="$(go test -list '^Fuzz' ./...)"
+  # -race reuses the test step's builds (listing alone builds everything).
+  listing="$(go test -race -list '^Fuzz' ./...)"
   mapfile -t targets < <(awk '
     /^Fuzz[A-Za-z0-9_]*$/ { names[++n] = $0; next }
     $1 == "ok" { for (i = 1; i <= n; i++) print $2, names[i]; n = 0 }
