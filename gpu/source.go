@@ -1,5 +1,5 @@
 // Package gpu reads GPU energy and power through NVML and attributes the
-// energy to the requests in flight (MEASUREMENT.md §8): joules per token
+// energy to the requests in flight (docs/measurement.md §8): joules per token
 // per window and per request, with the idle baseline kept apart.
 //
 // NVML sits behind the narrow Source interface. The NVML implementation

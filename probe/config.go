@@ -1,6 +1,6 @@
 // Package probe sends low-rate synthetic canary requests on an open-loop
 // schedule and measures them with the same stream tap, record and SLO
-// verdicts as live traffic (MEASUREMENT.md §7). A probe fires at its
+// verdicts as live traffic (docs/measurement.md §7). A probe fires at its
 // scheduled instants whatever the engine does; one that cannot be sent on
 // time is recorded as not_sent, never dropped.
 package probe

@@ -315,7 +315,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 }
 
-// finish decides the outcome and hands the record on. MEASUREMENT.md §3:
+// finish decides the outcome and hands the record on. docs/measurement.md §3:
 // every request that arrived gets exactly one outcome.
 func (p *Proxy) finish(st *reqState) {
 	if st.finished {
@@ -380,7 +380,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		rec.Outcome = record.Success
 	case t.eof:
 		// A clean EOF ends a non-streaming body; it ends a stream
-		// successfully only after output (MEASUREMENT.md §3).
+		// successfully only after output (docs/measurement.md §3).
 		if t.kind == bodySSE && rec.TokenEvents() == 0 {
 			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
 		} else {
@@ -412,7 +412,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 }
 
 // tokens settles the output token count from the best source
-// (MEASUREMENT.md §2) and says which.
+// (docs/measurement.md §2) and says which.
 func (p *Proxy) tokens(st *reqState) {
 	rec, t := st.rec, st.tap
 	switch {

@@ -26,7 +26,7 @@ const (
 // next Read (or in Close): by then ReverseProxy has written and flushed
 // them, so parsing never delays the bytes it parses, and the time between
 // the read and that next call is the forwarding delay we export. Event
-// times are the instants the bytes were READ, as MEASUREMENT.md §1 says.
+// times are the instants the bytes were READ, as docs/measurement.md §1 says.
 //
 // In strip mode (the sidecar injected stream_options.include_usage and
 // must remove the engine's usage event), the tap must find event

@@ -1,5 +1,5 @@
 // Package record holds the per-request record: the instants of one
-// request's life (MEASUREMENT.md §1), its token counts (§2), the
+// request's life (docs/measurement.md §1), its token counts (§2), the
 // quantities derived from them (§3) and its outcome. The proxy fills one
 // Record per request; exporters and sinks read it when it is finished.
 package record
@@ -15,7 +15,7 @@ import (
 // gets exactly one.
 type Outcome string
 
-// The outcomes of MEASUREMENT.md §3.
+// The outcomes of docs/measurement.md §3.
 const (
 	Success   Outcome = "success"
 	Error     Outcome = "error"
@@ -23,7 +23,7 @@ const (
 	Cancelled Outcome = "cancelled"
 	Timeout   Outcome = "timeout"
 	// NotSent is the canary probe's record of a scheduled probe that could
-	// not be sent (MEASUREMENT.md §7). It is never a proxied request's
+	// not be sent (docs/measurement.md §7). It is never a proxied request's
 	// outcome and never counted as one.
 	NotSent Outcome = "not_sent"
 )
@@ -154,7 +154,7 @@ type ProbeInfo struct {
 	Failure   string    // why it failed
 }
 
-// Verdict is a request's judgement against one SLO (MEASUREMENT.md §5).
+// Verdict is a request's judgement against one SLO (docs/measurement.md §5).
 type Verdict struct {
 	Name string
 	// Qualified: the outcome was success and every applicable threshold held.

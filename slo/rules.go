@@ -19,7 +19,7 @@ import (
 // error ratio's one-sided 95% Wilson lower bound, which is 1 − the
 // attainment's upper bound. Alerts fire on the latter: "we are 95% sure
 // the error ratio is at least this", so a handful of requests never pages
-// anyone, while a real outage does (MEASUREMENT.md §5: alerting compares a
+// anyone, while a real outage does (docs/measurement.md §5: alerting compares a
 // bound, not the point estimate, with the target).
 
 // windows are the nominal windows of the recording rules; the SRE

@@ -8,7 +8,7 @@ import (
 )
 
 // Z95 is the one-sided 95% normal quantile used by every Wilson bound we
-// report (MEASUREMENT.md §5).
+// report (docs/measurement.md §5).
 const Z95 = 1.6448536269514722
 
 // WilsonLower is the one-sided Wilson score lower bound for k successes in
@@ -35,7 +35,7 @@ func WilsonUpper(k, n, z float64) float64 {
 	return 1 - WilsonLower(n-k, n, z)
 }
 
-// FluidityScore is the deadline-based fluidity of MEASUREMENT.md §6, in
+// FluidityScore is the deadline-based fluidity of docs/measurement.md §6, in
 // the spirit of Etalon (arXiv 2407.07000). Token i is due at D + i·c after
 // arrival. A token that arrives after its deadline counts one miss for
 // every deadline it overshoots (its own and each later one that passed

@@ -1,5 +1,5 @@
 // Package slo judges every finished request against the declared service
-// level objectives (MEASUREMENT.md §5 and §6): a verdict per request,
+// level objectives (docs/measurement.md §5 and §6): a verdict per request,
 // counters from which Prometheus computes attainment and goodput for any
 // set of sidecars, request classes, smoothness (stalls, fluidity), the
 // Wilson bound, and this instance's own sliding-window view for /slo.
