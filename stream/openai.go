@@ -39,7 +39,7 @@ type Chunk struct {
 // TokenSource names where an output token count came from, best first.
 type TokenSource uint8
 
-// Token sources, in the order of preference of MEASUREMENT.md §2.
+// Token sources, in the order of preference of docs/measurement.md §2.
 const (
 	SourceNone     TokenSource = iota
 	SourceUsage                // the server's usage numbers
