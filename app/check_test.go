@@ -1,0 +1,44 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tokentap/tokentap/config"
+)
+
+// --config.check prints the effective configuration (defaults, then
+// environment, then flags), hides the upstream's password, and exits 0
+// without starting anything.
+func TestConfigCheckPrintsTheEffectiveConfiguration(t *testing.T) {
+	var out, errw bytes.Buffer
+	env := Env{Getenv: func(k string) string {
+		if k == "TOKENTAP_MAX_MODELS" {
+			return "7"
+		}
+		return ""
+	}, Stdout: &out, Stderr: &errw}
+	err := Run(context.Background(), []string{"--config.check", "--upstream", "http://admin:s3cret@127.0.0.1:8000", "--listen", "127.0.0.1:1"}, env)
+	if err != nil {
+		t.Fatalf("exit %v: %s", err, errw.String())
+	}
+	text := out.String()
+	if strings.Contains(text, "s3cret") || strings.Contains(errw.String(), "s3cret") {
+		t.Fatalf("the password was printed:\n%s", text)
+	}
+	if !strings.HasSuffix(text, "configuration OK\n") {
+		t.Fatalf("no final OK line:\n%s", text)
+	}
+	var got config.Config
+	if err := yaml.Unmarshal([]byte(strings.TrimSuffix(text, "configuration OK\n")), &got); err != nil {
+		t.Fatalf("the printed configuration is not YAML: %v\n%s", err, text)
+	}
+	if got.MaxModels != 7 || got.Listen != "127.0.0.1:1" || got.Upstream != "http://admin:xxxxx@127.0.0.1:8000" ||
+		got.Simulator.MaxBatch != config.SimulatorDefaults().MaxBatch {
+		t.Fatalf("effective configuration %+v", got)
+	}
+}
