@@ -129,6 +129,8 @@ type Sidecar struct {
 	cleanup []func() // run in reverse by Close
 
 	otel     *tracing.Providers
+	metrics  *exporter.Metrics
+	upstream *url.URL
 	records  *record.File
 	sampler  *gpu.Sampler
 	prober   *probe.Prober
@@ -200,6 +202,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		}
 	}
 	up, _ := url.Parse(s.addrs.Upstream)
+	s.upstream, s.metrics = up, metrics
 
 	// Record sinks.
 	var sinks []record.Sink
@@ -368,6 +371,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	} else {
 		close(samplerDone)
 	}
+	modelsCtx, stopModels := context.WithCancel(context.Background())
+	defer stopModels()
+	go refreshModels(modelsCtx, s.upstream, s.metrics.Models(), log)
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	probesDone := make(chan struct{})
 	go func() { s.prober.Run(probeCtx); close(probesDone) }()

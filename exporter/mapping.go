@@ -181,8 +181,8 @@ var specs = [numInstruments]Spec{
 // Specs returns a copy of every instrument's description.
 func Specs() []Spec { return append([]Spec{}, specs[:]...) }
 
-// BaseLabels are the labels fixed at a request's start: its key, with the
-// model already bounded.
+// BaseLabels are the labels fixed at a request's start: its key. The
+// model label is set by the caller, bounded (ModelLabels).
 func BaseLabels(k record.Key) Labels {
 	var l Labels
 	l[LOperation], l[LModel], l[LTraffic], l[LProbe] = k.API.Operation(), k.Model, k.Traffic, k.Probe

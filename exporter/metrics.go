@@ -136,25 +136,26 @@ func (m *Metrics) SetUpstreamUp(up bool) {
 type Request struct {
 	m        *Metrics
 	op       string
+	model    string // as the request named it
 	inFlight prometheus.Gauge
 	itl      prometheus.Observer
 	labels   Labels
 }
 
 // Begin starts observing a request live; it implements record.Observer.
-// k.Model must already be bounded.
 func (m *Metrics) Begin(k record.Key) record.Observation {
-	q := &Request{m: m, op: k.API.Operation(), labels: BaseLabels(k)}
+	q := &Request{m: m, op: k.API.Operation(), model: k.Model, labels: BaseLabels(k)}
 	q.inFlight = m.inFlight.WithLabelValues(q.op, k.Traffic, k.Probe)
 	q.inFlight.Inc()
 	return q
 }
 
 // Gap observes one inter-token gap. The series is resolved at the first
-// gap, so non-streaming requests create no empty ITL series.
+// gap, so non-streaming requests create no empty ITL series; by then the
+// engine has served the model, so its name may take a label slot.
 func (q *Request) Gap(d time.Duration) {
 	if q.itl == nil {
-		q.itl = q.m.itl.WithLabelValues(q.labels[LOperation], q.labels[LModel], q.labels[LTraffic], q.labels[LProbe])
+		q.itl = q.m.itl.WithLabelValues(q.labels[LOperation], q.m.models.Admit(q.model), q.labels[LTraffic], q.labels[LProbe])
 	}
 	q.itl.Observe(d.Seconds())
 }

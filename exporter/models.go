@@ -8,54 +8,105 @@ const (
 	ModelUnknown = "_unknown"
 )
 
-// ModelLabels bounds the cardinality of the model label: the declared
-// models and the first max distinct other names seen keep their name;
-// every later name is exported as "_other". A client cannot explode the
-// number of series by inventing model names.
+// maxModelLabelBytes bounds a model label value; a longer name is never
+// its own series.
+const maxModelLabelBytes = 128
+
+// ModelLabels bounds the cardinality of the model label (design note).
+// A model name gets its own label value when:
 //
-// It is safe for concurrent use; it is consulted once per request.
+//   - it is declared in the configuration (always), or
+//   - it is on the engine's own list (GET /v1/models, refreshed: SetListed), or
+//   - the engine served it: a response proved it real (Admit), up to max
+//     such names, first come.
+//
+// Every other name is "_other". A client cannot take a slot with a name
+// the engine rejects (a 404 for an unknown model, as vLLM, SGLang, TGI and
+// Ollama answer), and names the engine lists or the operator declares
+// never become "_other", however many others clients invent. Behind an
+// engine that accepts any name (llama.cpp's server ignores it), served
+// names can still take the max slots; listed ones keep theirs.
+//
+// It is safe for concurrent use; it is consulted once or twice per
+// request, never per token.
 type ModelLabels struct {
-	mu   sync.RWMutex
-	max  int
-	seen map[string]struct{}
-	n    int // names admitted beyond the declared ones
+	mu       sync.RWMutex
+	max      int
+	declared map[string]struct{}
+	listed   map[string]struct{}
+	admitted map[string]struct{}
 }
 
-// NewModelLabels returns a bound of max names (0 means 20) on top of the
-// declared ones.
+// NewModelLabels returns a bound of max served names (0 means 20) on top
+// of the declared ones.
 func NewModelLabels(max int, declared []string) *ModelLabels {
 	if max <= 0 {
 		max = 20
 	}
-	l := &ModelLabels{max: max, seen: make(map[string]struct{}, max+len(declared))}
+	l := &ModelLabels{max: max, declared: map[string]struct{}{}, listed: map[string]struct{}{}, admitted: map[string]struct{}{}}
 	for _, d := range declared {
-		l.seen[d] = struct{}{}
+		l.declared[d] = struct{}{}
 	}
 	return l
 }
 
-// Label returns the label value for a model name.
+// known reports whether model has its own label; l.mu must be held.
+func (l *ModelLabels) known(model string) bool {
+	_, d := l.declared[model]
+	_, s := l.listed[model]
+	_, a := l.admitted[model]
+	return d || s || a
+}
+
+// Label returns the label value of a model name without admitting it.
 func (l *ModelLabels) Label(model string) string {
 	if model == "" {
 		return ModelUnknown
 	}
 	l.mu.RLock()
-	_, ok := l.seen[model]
-	l.mu.RUnlock()
-	if ok {
+	defer l.mu.RUnlock()
+	if l.known(model) {
 		return model
+	}
+	return ModelOther
+}
+
+// Admit returns the label value of a model name that the engine has just
+// served, admitting it while there is room.
+func (l *ModelLabels) Admit(model string) string {
+	if model == "" {
+		return ModelUnknown
+	}
+	if lab := l.Label(model); lab != ModelOther {
+		return lab
+	}
+	if len(model) > maxModelLabelBytes {
+		return ModelOther
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.seen[model]; ok {
+	if l.known(model) {
 		return model
 	}
-	if l.n >= l.max || len(model) > 128 {
+	if len(l.admitted) >= l.max {
 		return ModelOther
 	}
-	l.seen[model] = struct{}{}
-	l.n++
+	l.admitted[model] = struct{}{}
 	return model
+}
+
+// SetListed replaces the engine's list of model names; names longer than
+// the label bound are left out, and at most 4×max are kept.
+func (l *ModelLabels) SetListed(names []string) {
+	m := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		if n != "" && len(n) <= maxModelLabelBytes && len(m) < 4*l.max {
+			m[n] = struct{}{}
+		}
+	}
+	l.mu.Lock()
+	l.listed = m
+	l.mu.Unlock()
 }
 
 // Models returns the model-label bound, shared with every backend.

@@ -35,8 +35,8 @@ type Options struct {
 	// Live observes requests while they run (the Prometheus backend's
 	// live instruments). Nil observes nothing live.
 	Live record.Observer
-	// Models bounds the model label of every backend; nil keeps names
-	// as they are (tests).
+	// Models bounds the model label of every backend at the end (the
+	// Prometheus live observer shares it); nil keeps names as they are.
 	Models *exporter.ModelLabels
 	// Judge gives the SLO verdict (stage 3); nil judges nothing.
 	Judge *slo.Judge
@@ -89,6 +89,7 @@ type Start struct {
 type Request struct {
 	p      *Pipeline
 	live   record.Observation
+	model  string // as requested
 	labels exporter.Labels
 	energy *gpu.Req
 	spans  *tracing.Spans
@@ -101,10 +102,7 @@ type Request struct {
 // carry (the inference span's, when traced).
 func (p *Pipeline) Begin(ctx context.Context, rec *record.Record, s Start) (context.Context, *Request) {
 	k := s.Key
-	if p.o.Models != nil {
-		k.Model = p.o.Models.Label(k.Model)
-	}
-	q := &Request{p: p, live: p.o.Live.Begin(k), labels: exporter.BaseLabels(k), check: s.Check}
+	q := &Request{p: p, live: p.o.Live.Begin(k), model: k.Model, labels: exporter.BaseLabels(k), check: s.Check}
 	if p.o.Energy != nil && s.PromptTokens >= 0 {
 		q.energy = p.o.Energy.Start(s.PromptTokens)
 	}
@@ -153,8 +151,16 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	}
 	q.ended = true
 	p := q.p
-	// 1. The request is over for the live observers.
+	// 1. The request is over for the live observers; its model label is
+	// decided (a name the engine served may take a slot).
 	q.live.Done()
+	if p.o.Models != nil {
+		if served(rec) {
+			q.labels[exporter.LModel] = p.o.Models.Admit(q.model)
+		} else {
+			q.labels[exporter.LModel] = p.o.Models.Label(q.model)
+		}
+	}
 	// 2. A canary probe checks its answer and says so in the record.
 	if q.check != nil {
 		q.check(rec)
@@ -174,6 +180,12 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 		return
 	}
 	q.publish(rec, captured)
+}
+
+// served reports whether the engine served the request's model: a 2xx
+// response that succeeded or produced a token.
+func served(rec *record.Record) bool {
+	return rec.HTTPStatus >= 200 && rec.HTTPStatus < 300 && (rec.Outcome == record.Success || rec.TokenEvents() > 0)
 }
 
 // Record hands a record with no request behind it (a probe that could

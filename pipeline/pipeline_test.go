@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"net/url"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -85,7 +86,7 @@ func TestStagesRunInOrder(t *testing.T) {
 		q.Tokens(1) // energy off: a no-op, never a panic
 		rec.AddToken(base.Add(10*time.Millisecond), 1, true)
 		rec.AddToken(base.Add(20*time.Millisecond), 1, true)
-		rec.Outcome, rec.OutputTokens, rec.InputTokens, rec.Terminal = record.Success, 2, 3, base.Add(21*time.Millisecond)
+		rec.HTTPStatus, rec.Outcome, rec.OutputTokens, rec.InputTokens, rec.Terminal = 200, record.Success, 2, 3, base.Add(21*time.Millisecond)
 		q.End(rec, nil)
 		q.End(rec, nil) // a second End does nothing
 		if i == 0 {
@@ -93,13 +94,71 @@ func TestStagesRunInOrder(t *testing.T) {
 			tp.RegisterSpanProcessor(spans)
 		}
 	}
-	want := "begin model=first,live done,check,sink,begin model=_other,live done,check,sink"
+	want := "begin model=first,live done,check,sink,begin model=second,live done,check,sink"
 	if got := strings.Join(log, ","); got != want {
 		t.Fatalf("stages ran\n %s\nwant\n %s", got, want)
 	}
 	if st := book.Status(time.Now()); st.SLOs[0].Offered != 2 || st.SLOs[0].Qualified != 2 {
 		t.Fatalf("the /slo book counted %+v", st.SLOs[0])
 	}
+	// One slot (max_models 1): the first served name took it, the second
+	// is _other.
+	if got := modelsOf(t, metrics); got != "_other,first" {
+		t.Fatalf("model labels %s", got)
+	}
+}
+
+// A name the engine rejects (404) never takes a label slot; names the
+// engine lists always have one; a served name takes a free slot.
+func TestModelLabelsFromTheEngine(t *testing.T) {
+	metrics := exporter.New(exporter.Config{MaxModels: 1, Models: []string{"declared"}})
+	metrics.Models().SetListed([]string{"listed-a", "listed-b"})
+	p := pipeline.New(pipeline.Options{Live: metrics, Models: metrics.Models(), Prometheus: metrics})
+	end := func(model string, status int, outcome record.Outcome) {
+		rec := record.New(1)
+		rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), record.APIChat, "live", true
+		rec.SetModel(model)
+		_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Model: rec.Model, Traffic: "live"}})
+		rec.HTTPStatus, rec.Outcome, rec.Terminal = status, outcome, time.Now()
+		q.End(rec, nil)
+	}
+	for i := 0; i < 30; i++ {
+		end(randomName(i), 404, record.Error) // invented names, rejected
+	}
+	end("served", 200, record.Success)
+	end("served-too", 200, record.Success) // no slot left
+	end("listed-b", 200, record.Success)
+	end("declared", 200, record.Success)
+	if got := modelsOf(t, metrics); got != "_other,declared,listed-b,served" {
+		t.Fatalf("model labels %s", got)
+	}
+}
+
+func randomName(i int) string { return "invented-" + strings.Repeat("x", i) }
+
+// modelsOf lists the model label values of tokentap_requests_total.
+func modelsOf(t *testing.T, m *exporter.Metrics) string {
+	t.Helper()
+	fams, _ := m.Registry.Gather()
+	seen := map[string]bool{}
+	for _, f := range fams {
+		if f.GetName() != "tokentap_requests_total" {
+			continue
+		}
+		for _, x := range f.GetMetric() {
+			for _, l := range x.GetLabel() {
+				if l.GetName() == "gen_ai_request_model" {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	var out []string
+	for k := range seen {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
 }
 
 // requests sums tokentap_requests_total over its series.

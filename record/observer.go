@@ -12,11 +12,12 @@ type Observer interface {
 }
 
 // Key names the series a request is observed under. Every field is a
-// bounded label value: the pipeline bounds Model before any observer
-// sees it.
+// bounded label value except Model, the name as the request gave it (at
+// most MaxModelBytes): observers bound it with the exporter's model
+// labels, the one bound every backend shares.
 type Key struct {
 	API     API
-	Model   string // bounded model label (declared name, first-seen name, "_other" or "_unknown")
+	Model   string // as requested, at most MaxModelBytes
 	Traffic string // "live" or "canary"
 	Probe   string // the probe's name for canary traffic; "" for live
 }
