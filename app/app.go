@@ -71,6 +71,10 @@ type Env struct {
 	// Hangup receives a value for every SIGHUP: the records file is
 	// reopened (logrotate's create mode). Nil: never.
 	Hangup <-chan os.Signal
+	// Force is closed on a second SIGTERM or SIGINT during shutdown: the
+	// streams still running are cut at once (still recorded, flushed).
+	// Nil: never.
+	Force <-chan struct{}
 }
 
 // Addrs are the bound addresses.
@@ -133,6 +137,8 @@ type Sidecar struct {
 	upstream *url.URL
 	records  *record.File
 	sampler  *gpu.Sampler
+	proxy    *proxy.Proxy
+	ready    *readiness
 	prober   *probe.Prober
 	nprobes  int
 	proxySrv *http.Server
@@ -248,14 +254,15 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// The proxy, and the probes that send canary requests through the
 	// same pipeline.
 	probeSecret := randomHex(16)
-	px, err := proxy.New(proxy.Options{
-		ProbeHeader: probeSecret,
-		Upstream:    up,
-		Pipeline:    pipe,
-		Logger:      log,
-		InjectUsage: cfg.InjectUsage,
-		PeekBytes:   cfg.PeekBytes,
-		Timeout:     cfg.Timeout,
+	s.proxy, err = proxy.New(proxy.Options{
+		ProbeHeader:     probeSecret,
+		Upstream:        up,
+		Pipeline:        pipe,
+		Logger:          log,
+		InjectUsage:     cfg.InjectUsage,
+		PeekBytes:       cfg.PeekBytes,
+		Timeout:         cfg.Timeout,
+		BodyReadTimeout: cfg.BodyReadTimeout,
 	})
 	if err != nil {
 		return nil, err
@@ -264,6 +271,11 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	s.defer_(func() { s.pln.Close() })
+	maxConns := cfg.MaxConnections
+	if maxConns == 0 {
+		maxConns = defaultMaxConnections()
+	}
+	s.pln = newLimitListener(s.pln, maxConns, metrics.Registry)
 	if s.aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin_listen: %w", err)
 	}
@@ -283,6 +295,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// Admin endpoints.
 	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
 	ready.probes = s.prober
+	s.ready = ready
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
 		EnableOpenMetrics: true,
@@ -293,8 +306,14 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	admin.Handle("GET /slo", book)
 	admin.Handle("GET /probes", s.prober)
 
-	s.proxySrv = &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
-	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+	// Timeouts (design note): a request's headers must arrive within 30 s,
+	// a keep-alive connection idle between requests is closed after
+	// IdleTimeout, and a request body idle for BodyReadTimeout is cut
+	// (proxy.Options). There is no write timeout and no whole-request read
+	// timeout: a response streams for as long as the engine sends.
+	s.proxySrv = &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	return s, nil
 }
 
@@ -406,11 +425,28 @@ wait:
 	stopProbes() // probes stop first: a probe due now is recorded as not_sent
 	<-probesDone
 	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
+	s.ready.shutDown()
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer scancel()
+	go func() {
+		select {
+		case <-s.env.Force:
+			log.Warn("second signal: cutting the remaining streams now")
+			scancel()
+		case <-sctx.Done():
+		}
+	}()
+	cut := 0
 	if err := s.proxySrv.Shutdown(sctx); err != nil {
-		log.Warn("grace period over; closing the remaining streams", "err", err)
-		s.proxySrv.Close()
+		// The grace is over: cut what still runs, record it as
+		// error/shutdown, and let the handlers publish their records.
+		cut = s.proxy.Cut()
+		log.Warn("grace period over; cutting the remaining streams", "streams", cut)
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.proxySrv.Shutdown(dctx); err != nil {
+			s.proxySrv.Close()
+		}
+		dcancel()
 	}
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone
@@ -418,6 +454,9 @@ wait:
 	s.adminSrv.Close()
 	if errors.Is(runErr, http.ErrServerClosed) {
 		runErr = nil
+	}
+	if runErr == nil && cut > 0 {
+		runErr = fmt.Errorf("shutdown: %d streams were still running after the %v grace period; they were cut and recorded as error/shutdown", cut, cfg.ShutdownGrace)
 	}
 	return runErr
 }

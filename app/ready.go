@@ -23,6 +23,15 @@ type readiness struct {
 	at      time.Time
 	ok      bool
 	why     string
+	closing bool // shutting down: never ready again
+}
+
+// shutDown makes /readyz answer 503 from now on, so that load balancers
+// stop sending while in-flight streams finish.
+func (r *readiness) shutDown() {
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
 }
 
 func newReadiness(up *url.URL, path string, m *exporter.Metrics) *readiness {
@@ -41,6 +50,9 @@ func joinPath(a, b string) string {
 func (r *readiness) check(ctx context.Context) (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closing {
+		return false, "shutting down"
+	}
 	if time.Since(r.at) < time.Second && !r.at.IsZero() {
 		return r.ok, r.why
 	}

@@ -49,6 +49,17 @@ type Config struct {
 	UpstreamHealthPath string `yaml:"upstream_health_path"`
 	// ShutdownGrace is how long in-flight streams may run on after SIGTERM.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// IdleTimeout closes a client's keep-alive connection that has been
+	// idle between requests that long; 0 means never.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// BodyReadTimeout cuts a client whose request body sends nothing for
+	// that long (408); 0 means never. It never applies to responses.
+	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
+	// MaxConnections bounds the proxy's open client connections; past it
+	// a new connection gets a 503 and is closed. 0 means sized to the
+	// descriptor limit: (RLIMIT_NOFILE − 128) / 2, since each stream also
+	// holds a connection to the engine.
+	MaxConnections int `yaml:"max_connections"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// Simulator configures the built-in engine used when Upstream is empty.
@@ -82,6 +93,8 @@ func Defaults() Config {
 		Timeout:            10 * time.Minute,
 		UpstreamHealthPath: "/health",
 		ShutdownGrace:      30 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		BodyReadTimeout:    30 * time.Second,
 		LogLevel:           "info",
 		Simulator:          SimulatorDefaults(),
 	}
@@ -186,7 +199,10 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&c.PeekBytes, "peek-bytes", c.PeekBytes, "request body bytes read before forwarding (model, stream, max_tokens)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on a whole proxied request, stream included (0 = none)")
 	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream")
-	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM; later ones are cut and recorded as error/shutdown")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close client keep-alive connections idle this long between requests (0 = never)")
+	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", c.BodyReadTimeout, "cut a client whose request body sends nothing for this long, with a 408 (0 = never); never applies to responses")
+	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "open client connections before new ones get a 503 (0 = from the descriptor limit)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	if c.Energy.Enabled == "" {
 		c.Energy.Enabled = "auto"
@@ -253,6 +269,15 @@ func (c *Config) Validate() []error {
 	}
 	if c.ShutdownGrace < 0 {
 		bad("shutdown_grace: must not be negative")
+	}
+	if c.IdleTimeout < 0 {
+		bad("idle_timeout: must not be negative")
+	}
+	if c.BodyReadTimeout < 0 {
+		bad("body_read_timeout: must not be negative")
+	}
+	if c.MaxConnections < 0 {
+		bad("max_connections: must not be negative")
 	}
 	if !strings.HasPrefix(c.UpstreamHealthPath, "/") {
 		bad("upstream_health_path: must start with /, got %q", c.UpstreamHealthPath)

@@ -58,6 +58,10 @@ type Options struct {
 	// Timeout bounds a whole request, stream included; when it fires the
 	// request's outcome is "timeout". Zero means no timeout.
 	Timeout time.Duration
+	// BodyReadTimeout cuts a client whose request body sends nothing for
+	// that long (408, recorded as an http_4xx error); it never applies
+	// once the body is read. Zero means no bound.
+	BodyReadTimeout time.Duration
 	// Traffic labels the records and metrics. Empty means "live".
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
@@ -81,6 +85,8 @@ type Proxy struct {
 	log   *slog.Logger
 	seq   atomic.Uint64
 	idpfx string
+
+	inflight inflight
 }
 
 // NewTransport returns the transport used when Options.Transport is nil:
@@ -166,6 +172,7 @@ type reqState struct {
 	handled      bool // the error handler answered
 	upstreamSent atomic.Int64
 	finished     bool
+	body         *idleBody // the client's body under BodyReadTimeout, or nil
 }
 
 // ServeHTTP proxies one request.
@@ -182,6 +189,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrive := p.clock.Now()
 	api := classify(r)
 	info := requestInfo{API: api}
+	var idle *idleBody
+	if p.opts.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		idle = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), d: p.opts.BodyReadTimeout}
+		r.Body = idle
+	}
 	var rewritten, whole []byte
 	if api != record.APIOther {
 		in, peeked, body, err := peek(r.Body, api, p.opts.PeekBytes)
@@ -194,8 +206,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			if r.Context().Err() == nil {
-				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, http.StatusBadRequest
-				http.Error(w, "tokentap: reading request body: "+err.Error(), http.StatusBadRequest)
+				status := http.StatusBadRequest
+				if idle.TimedOut() {
+					status = http.StatusRequestTimeout
+				}
+				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, status
+				http.Error(w, "tokentap: reading request body: "+err.Error(), status)
 			}
 			q.End(rec, nil)
 			return
@@ -215,7 +231,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.API, rec.Stream, rec.MaxTokens = info.API, info.Stream, info.MaxTokens
 	rec.SetModel(info.Model)
-	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info}
+	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info, body: idle}
 	start := pipeline.Start{
 		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 		HTTP:     r,
@@ -254,7 +270,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			st.upstreamSent.Store(int64(p.clock.Now().Sub(arrive)))
 		},
 	})
+	ctx, cut := context.WithCancelCause(ctx)
+	defer cut(nil)
 	st.ctx = ctx
+	p.inflight.add(st, cut)
+	defer p.inflight.remove(st)
 	defer p.finish(st) // also runs when ReverseProxy panics with http.ErrAbortHandler
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -295,6 +315,10 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	st, _ := r.Context().Value(stateKey{}).(*reqState)
 	status, etype, outcome := http.StatusBadGateway, record.ErrUpstreamConnect, record.Error
 	switch {
+	case st != nil && st.shutDown():
+		status, etype = http.StatusServiceUnavailable, record.ErrShutdown
+	case st != nil && st.body.TimedOut():
+		status, etype = http.StatusRequestTimeout, record.ErrHTTP4xx
 	case st != nil && st.clientCtx.Err() != nil:
 		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
 	case errors.Is(err, context.DeadlineExceeded):
@@ -380,12 +404,16 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		rec.Outcome = record.Success
 	case t.eof:
 		// A clean EOF ends a non-streaming body; it ends a stream
-		// successfully only after output (docs/measurement.md §3).
-		if t.kind == bodySSE && rec.TokenEvents() == 0 {
+		// successfully only after a finish reason: a stream cut short
+		// with neither the end marker nor a finish reason is a truncated
+		// generation (docs/measurement.md §3).
+		if t.kind == bodySSE && rec.FinishReason == "" {
 			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
 		} else {
 			rec.Outcome = record.Success
 		}
+	case st.shutDown():
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrShutdown
 	case cancelled():
 		rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
 	case timedOut():

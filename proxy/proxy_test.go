@@ -168,11 +168,19 @@ func TestIncompleteStreamWithoutOutputIsAnError(t *testing.T) {
 	}
 }
 
-func TestCleanEOFAfterOutputIsSuccess(t *testing.T) {
-	fs, sink := front(t, sse("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"), Options{})
+// A clean EOF ends a stream successfully only after a finish reason; a
+// stream cut short after output, with neither the end marker nor a
+// finish reason, is a truncated generation: error/incomplete_stream.
+func TestCleanEOFNeedsAFinishReason(t *testing.T) {
+	fs, sink := front(t, sse("data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n"), Options{})
 	do(t, fs, "/v1/chat/completions", streamBody)
 	if r := only(t, sink); r.Outcome != record.Success || r.TokenSource != "events" || r.OutputTokens != 1 {
 		t.Fatalf("record %s source=%s n=%d", r.Outcome, r.TokenSource, r.OutputTokens)
+	}
+	fs, sink = front(t, sse("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"), Options{})
+	do(t, fs, "/v1/chat/completions", streamBody)
+	if r := only(t, sink); r.Outcome != record.Error || r.ErrorType != record.ErrIncomplete || r.OutputTokens != 1 {
+		t.Fatalf("truncated: record %s/%s n=%d", r.Outcome, r.ErrorType, r.OutputTokens)
 	}
 }
 

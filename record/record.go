@@ -37,7 +37,8 @@ const (
 	ErrMalformed       = "malformed_stream"
 	ErrUpstreamReset   = "upstream_reset"
 	ErrUpstreamConnect = "upstream_unreachable"
-	ErrIncomplete      = "incomplete_stream" // clean EOF, no end marker, no output
+	ErrIncomplete      = "incomplete_stream" // clean EOF, no end marker, no finish reason
+	ErrShutdown        = "shutdown"          // cut when the shutdown grace period was over
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
 )

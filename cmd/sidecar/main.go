@@ -14,11 +14,22 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first SIGTERM or SIGINT starts a graceful shutdown; a second one
+	// cuts the remaining streams at once (they are still recorded).
+	stop := make(chan os.Signal, 2)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	force := make(chan struct{})
+	go func() {
+		<-stop
+		cancel()
+		<-stop
+		close(force)
+	}()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reopen the records file; never exit
-	err := app.Run(ctx, os.Args[1:], app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr, Hangup: hup})
-	stop()
+	err := app.Run(ctx, os.Args[1:], app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr, Hangup: hup, Force: force})
+	cancel()
 	if err != nil && app.ExitCode(err) != 2 {
 		os.Stderr.WriteString("sidecar: " + err.Error() + "\n")
 	}

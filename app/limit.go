@@ -1,0 +1,83 @@
+package app
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// defaultMaxConnections sizes the connection limit to the descriptor
+// limit: each proxied stream holds a client and an engine connection, and
+// 128 descriptors are left for files, listeners and the admin server.
+func defaultMaxConnections() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 1024
+	}
+	n := (int(min(rl.Cur, 1<<20)) - 128) / 2
+	return max(n, 16)
+}
+
+// overloaded is what a connection past the limit gets before it is closed.
+var overloaded = func() []byte {
+	body := `{"error":{"message":"tokentap: too many open connections","type":"tokentap_overloaded","code":503}}` + "\n"
+	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
+
+// limitListener accepts at most max open connections; past that it
+// answers 503 and closes the new connection at once (counted), so that a
+// flood of idle or slow clients cannot take every descriptor.
+type limitListener struct {
+	net.Listener
+	sem      chan struct{}
+	rejected prometheus.Counter
+}
+
+func newLimitListener(ln net.Listener, max int, reg prometheus.Registerer) *limitListener {
+	l := &limitListener{Listener: ln, sem: make(chan struct{}, max),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_connections_rejected_total",
+			Help: "Client connections refused with a 503 because --max-connections were open."})}
+	reg.MustRegister(l.rejected,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_open", Help: "Open client connections to the proxy."},
+			func() float64 { return float64(len(l.sem)) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_max", Help: "The --max-connections limit in force."},
+			func() float64 { return float64(cap(l.sem)) }))
+	return l
+}
+
+// Accept returns the next connection within the limit.
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.sem <- struct{}{}:
+			return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+		default:
+			l.rejected.Inc()
+			go func() {
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				c.Write(overloaded)
+				c.Close()
+			}()
+		}
+	}
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
