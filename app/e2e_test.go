@@ -92,6 +92,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/health" {
 		return
 	}
+	if r.Method != http.MethodPost { // the sidecar reads /v1/models: this engine has none
+		http.NotFound(w, r)
+		return
+	}
 	t0 := time.Now()
 	var req struct {
 		Model         string `json:"model"`
