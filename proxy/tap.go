@@ -2,7 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokentap/tokentap/stream"
@@ -35,6 +39,27 @@ const (
 // them before the blank line that ends the event anyway), cuts the usage
 // event out, forwards the rest, and parses the forwarded events after
 // they were written, as in pass-through mode.
+//
+// Strip mode gives up on what it cannot do safely, and says so: it then
+// forwards everything it holds, unchanged, and reads the rest of the
+// response in pass-through mode (events still timed; only the usage event
+// is no longer removed), recording the reason in Record.TapFailed and
+// counting it (Observation.TapFailed). The reasons:
+//
+//   - "strip_overflow": an incomplete event grew past stripHoldMax. Engine
+//     events are a few hundred bytes; an upstream that sends line after
+//     line without the blank line that ends an event (a flood of ":"
+//     comments, or no SSE at all) would otherwise be held without bound,
+//     in memory and away from the client.
+//   - "single_lf_framing": the engine separates its events with a single
+//     line ending ("data: {...}\ndata: {...}\n"). See scanPending.
+//
+// A compressed body cannot be framed at all: ServeHTTP does not inject
+// usage for a client that asks for compression (wantsCompression) and asks
+// the engine for identity when it does inject; an engine that compresses
+// anyway gets an opaque tap (TapFailed "content_encoding", set by
+// modifyResponse), and its usage chunk reaches the client: the one case in
+// which an injected usage chunk cannot be removed.
 type tap struct {
 	body  io.ReadCloser
 	st    *reqState
@@ -61,6 +86,12 @@ type tap struct {
 	queue   []queued   // forwarded events awaiting parsing
 	qdata   []byte     // their data
 	readAt  time.Time  // time of the read being framed
+	ls      lineScan   // the lines of the incomplete event held
+	// degraded: strip mode gave up (see giveUp): nothing is cut any more,
+	// and once out is drained the rest is read in pass-through mode.
+	degraded bool
+	gaveUpAt int64 // stream offset from which nothing was cut; -1 while stripping
+	finished bool  // the framer was told the stream ended
 
 	// non-streaming bodies, kept up to a bound for parsing at EOF
 	whole     []byte
@@ -81,8 +112,7 @@ type tap struct {
 	rejection   bool // ... and it was an overload
 	sawUsage    bool
 	usageOut    int64
-	idTokens    int64 // per-event token counts summed
-	lpTokens    int64
+	idTokens    int64              // per-event token counts summed
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
 	perEventAll bool
 }
@@ -94,7 +124,7 @@ type queued struct {
 }
 
 func newTap(body io.ReadCloser, st *reqState, kind bodyKind, strip bool, wholeMax int) *tap {
-	t := &tap{body: body, st: st, kind: kind, strip: strip, cutLF: -1, wholeMax: wholeMax, perEventAll: true}
+	t := &tap{body: body, st: st, kind: kind, strip: strip, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1}, wholeMax: wholeMax, perEventAll: true}
 	t.onEv = t.event
 	t.onCut = t.frameForStrip
 	return t
@@ -107,6 +137,11 @@ func (t *tap) Read(p []byte) (int, error) {
 	if t.strip {
 		return t.readStrip(p)
 	}
+	return t.readPass(p)
+}
+
+// readPass is Read in pass-through mode.
+func (t *tap) readPass(p []byte) (int, error) {
 	t.afterForward()
 	n, err := t.body.Read(p)
 	at := t.now()
@@ -183,15 +218,37 @@ func (t *tap) recoverTap() {
 	}
 }
 
+// fail turns the tap off for the rest of the response: the bytes keep
+// flowing, nothing more is parsed.
 func (t *tap) fail(reason string) {
 	t.failed = true
 	t.pending = nil
-	t.st.rec.TapFailed = reason
-	t.st.obs.TapFailed(reason)
+	t.gaveUp(reason)
 	if t.strip { // release everything held, unchanged
 		t.out = append(t.out, t.held...)
 		t.held = nil
 	}
+}
+
+// gaveUp records that the tap gave something up on this response. The
+// record keeps the first reason (the cause: a strip mode that degraded and
+// then failed says why it degraded); every one is counted.
+func (t *tap) gaveUp(reason string) {
+	if t.st.rec.TapFailed == "" {
+		t.st.rec.TapFailed = reason
+	}
+	t.st.obs.TapFailed(reason)
+}
+
+// giveUp stops strip mode from cutting anything at or after stream offset
+// at (the start of the event it could not deal with) and degrades it to
+// pass-through: frameStrip forwards everything held at the end of the
+// read, unchanged, and readStrip reads on in pass-through mode. Events are
+// still framed and timed.
+func (t *tap) giveUp(reason string, at int64) {
+	t.degraded = true
+	t.gaveUpAt = at
+	t.gaveUp(reason)
 }
 
 // parse consumes bytes read at `at` (pass-through mode).
@@ -268,7 +325,6 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 		case stream.SourceTokenIDs:
 			t.idTokens += c.Tokens
 		case stream.SourceLogprobs:
-			t.lpTokens += c.Tokens
 			t.idTokens += c.Tokens
 		default:
 			t.perEventAll = false
@@ -282,6 +338,16 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 		}
 	}
 }
+
+// stripHoldMax bounds the bytes of an incomplete event that strip mode
+// holds back from the client (64 KiB). A read adds at most one read
+// buffer (ReverseProxy's is 32 KiB) before the check, so the tap never
+// holds more than stripHoldMax plus one read. Engine events are a few
+// hundred bytes; one larger than this (a huge logprobs chunk, or a stream
+// that never ends its events) makes strip mode give up ("strip_overflow"):
+// its bytes are forwarded as they are, the rest of the response is passed
+// through, and a usage chunk in it reaches the client.
+const stripHoldMax = 64 << 10
 
 // readStrip is Read in strip mode.
 func (t *tap) readStrip(p []byte) (int, error) {
@@ -299,18 +365,13 @@ func (t *tap) readStrip(p []byte) (int, error) {
 	if t.outErr != nil {
 		return 0, t.outErr
 	}
-	if t.failed { // fell back to plain forwarding
-		n, err := t.body.Read(p)
-		at := t.now()
-		if n > 0 {
-			t.firstByte(at)
-		}
-		if err != nil {
-			t.noteErr(err, at)
-		}
-		return n, err
+	if t.failed || t.degraded { // fell back to pass-through forwarding
+		return t.readPass(p)
 	}
 	t.afterForward()
+	if t.failed { // parsing failed: what was held is in out
+		return t.readStrip(p)
+	}
 	for {
 		n, err := t.body.Read(p)
 		at := t.now()
@@ -324,7 +385,7 @@ func (t *tap) readStrip(p []byte) (int, error) {
 			t.finishStrip()
 			t.outErr = err
 		}
-		if t.outPos < len(t.out) || t.outErr != nil {
+		if t.outPos < len(t.out) || t.outErr != nil || t.failed || t.degraded {
 			return t.readStrip(p)
 		}
 		// everything read so far belongs to an incomplete event: read on
@@ -342,7 +403,22 @@ func (t *tap) frameStrip(b []byte, at time.Time) {
 		t.fail("event_too_large")
 		return
 	}
-	t.release(t.framer.PendingStart())
+	upto := t.framer.PendingStart()
+	if !t.degraded {
+		if t.scanPending() {
+			t.giveUp("single_lf_framing", upto)
+		} else if t.ls.rel > upto {
+			upto = t.ls.rel // complete lines that can no longer be cut
+		}
+	}
+	t.release(upto)
+	if !t.degraded && len(t.held) > stripHoldMax {
+		t.giveUp("strip_overflow", t.framer.PendingStart())
+	}
+	if t.degraded { // forward the rest as it is
+		t.out = append(t.out, t.held...)
+		t.held = nil
+	}
 }
 
 // release moves held bytes before stream offset upto to t.out, minus cuts.
@@ -375,27 +451,180 @@ func (t *tap) release(upto int64) {
 	t.heldOff = upto
 }
 
+var usageKey = []byte(`"usage"`)
+
 // frameForStrip sees each complete event before it is forwarded. Only an
 // event that may be the injected usage chunk is parsed here; every other
 // event is queued and parsed after it was forwarded.
 func (t *tap) frameForStrip(ev *stream.Event) {
-	if ev.HasData && !ev.Partial && bytes.Contains(ev.Data, []byte(`"usage"`)) {
-		var c stream.Chunk
-		stream.ParseOpenAI(ev.Data, &c)
-		if c.UsageOnly() {
-			t.cuts = append(t.cuts, [2]int64{ev.Start, ev.End})
-			if t.framer.AfterCR() && ev.End == t.framer.Offset() {
-				t.cutLF = ev.End // maybe the CR of a CRLF split across reads
+	if !t.degraded && ev.HasData {
+		if i := bytes.IndexByte(ev.Data, '\n'); i >= 0 && jsonObject(ev.Data[:i]) {
+			// A second data line after one that carried a whole JSON
+			// object, all in one read: single-LF framing (scanPending).
+			t.giveUp("single_lf_framing", ev.Start)
+		} else if !ev.Partial && ev.Start >= t.heldOff && bytes.Contains(ev.Data, usageKey) {
+			var c stream.Chunk
+			stream.ParseOpenAI(ev.Data, &c)
+			if c.UsageOnly() {
+				t.cuts = append(t.cuts, [2]int64{ev.Start, ev.End})
+				if t.framer.AfterCR() && ev.End == t.framer.Offset() {
+					t.cutLF = ev.End // maybe the CR of a CRLF split across reads
+				}
+				rec := t.st.rec
+				rec.Events++
+				t.apply(&c, t.readAt)
+				return
 			}
-			rec := t.st.rec
-			rec.Events++
-			t.apply(&c, t.readAt)
-			return
 		}
 	}
 	start := len(t.qdata)
 	t.qdata = append(t.qdata, ev.Data...)
 	t.queue = append(t.queue, queued{at: t.readAt, start: start, end: len(t.qdata), hasData: ev.HasData})
+}
+
+// lineScan follows the lines of the incomplete event that strip mode
+// holds, for scanPending.
+type lineScan struct {
+	ev   int64 // stream offset of the event followed (the framer's PendingStart)
+	line int64 // offset of the current line's first byte
+	scan int64 // offset of the next byte to look at for a line end
+	cr   bool  // the last line ended in a CR that ended the read: an LF next completes it
+	data bool  // the event has a data line
+	json bool  // ... its first, and that line carries a whole JSON object
+	ok   bool  // ... that is not a usage chunk
+	rel  int64 // once ok: the end of the event's last complete line; else -1
+}
+
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
+
+// scanPending reads the complete lines of the event left incomplete at the
+// end of a read (the bytes held from the framer's PendingStart on; each
+// byte is looked at once). It reports whether that event shows single-LF
+// framing, and sets t.ls.rel to the end of its last complete line when
+// those lines may be forwarded before the event ends.
+//
+// Design note: single-LF framing. Some engines end each event with one
+// line ending instead of a blank line: "data: {...}\ndata: {...}\n". To
+// SSE that is a single event that never ends, so strip mode, holding
+// incomplete events back, would hold the whole stream. Two rules, both
+// decided on the bytes alone (the same whatever the read boundaries, so
+// the client's bytes do not depend on the network):
+//
+//  1. Early release. Once the held event has a complete data line whose
+//     value is a whole JSON object that is not a usage chunk, its complete
+//     lines are forwarded at once: that data line is the event's first, so
+//     the event can only become a usage chunk by gaining another data
+//     line, and rule 2 stops cutting before that. The first event of a
+//     single-LF stream thus reaches the client as soon as its line ends.
+//  2. Give up. A data line that follows, in the same event, a data line
+//     carrying a whole JSON object is single-LF framing (an engine does not
+//     split one JSON chunk over data lines that way): strip mode gives up
+//     ("single_lf_framing") from the start of that event, forwards what it
+//     holds and passes the rest through, usage chunk included.
+//
+// Why not strip in single-LF streams too, treating each line as an event?
+// That would cut bytes out of a stream on a guess about its framing, and
+// SSE clients that follow the specification see such a stream as one
+// event anyway; timing would still see one event (the framer follows the
+// specification). Giving up keeps every byte the engine sent, costs the
+// client one usage chunk it did not ask for, and is counted
+// (tokentap_tap_failures_total{reason="single_lf_framing"}) so that the
+// operator can turn usage injection off for that engine. A blank-line
+// framed stream of one-line events (what engines send) never meets rule
+// 2, and rule 1 only forwards earlier bytes it would have forwarded
+// anyway: its output is byte-identical, its usage event still cut.
+func (t *tap) scanPending() bool {
+	ls := &t.ls
+	if ps := t.framer.PendingStart(); ps != ls.ev {
+		*ls = lineScan{ev: ps, line: ps, scan: ps, rel: -1}
+	}
+	end := t.heldOff + int64(len(t.held)) // == t.framer.Offset()
+	for ls.scan < end {
+		rest := t.held[ls.scan-t.heldOff:]
+		if ls.cr {
+			ls.cr = false
+			if rest[0] == '\n' { // second half of a CRLF
+				ls.scan++
+				ls.line = ls.scan
+				if ls.ok {
+					ls.rel = ls.scan
+				}
+				continue
+			}
+		}
+		i := bytes.IndexAny(rest, "\r\n")
+		if i < 0 {
+			ls.scan = end
+			break
+		}
+		eol := ls.scan + int64(i)
+		next := eol + 1
+		if rest[i] == '\r' {
+			if i+1 == len(rest) {
+				ls.cr = true
+			} else if rest[i+1] == '\n' {
+				next++
+			}
+		}
+		if t.scanLine(t.held[ls.line-t.heldOff : eol-t.heldOff]) {
+			return true
+		}
+		ls.line, ls.scan = next, next
+		if ls.ok {
+			ls.rel = next
+		}
+	}
+	if ls.json { // rule 2 as soon as the next data field shows
+		cur := t.held[ls.line-t.heldOff:]
+		return len(cur) >= 5 && string(cur[:5]) == "data:"
+	}
+	return false
+}
+
+// scanLine reads one complete line of the held event, as the framer does
+// (stream.Framer.processLine), and reports rule 2 of scanPending.
+func (t *tap) scanLine(line []byte) bool {
+	ls := &t.ls
+	if ls.line == 0 {
+		line = bytes.TrimPrefix(line, utf8BOM)
+	}
+	if len(line) == 0 || line[0] == ':' {
+		return false
+	}
+	field, value := line, []byte(nil)
+	if c := bytes.IndexByte(line, ':'); c >= 0 {
+		field, value = line[:c], line[c+1:]
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+	}
+	if string(field) != "data" {
+		return false
+	}
+	if ls.data {
+		return ls.json
+	}
+	ls.data = true
+	ls.json = jsonObject(value)
+	ls.ok = ls.json && !t.usageChunk(value)
+	return false
+}
+
+// usageChunk reports whether data, as an event's data, is what
+// frameForStrip cuts.
+func (t *tap) usageChunk(data []byte) bool {
+	if !bytes.Contains(data, usageKey) {
+		return false
+	}
+	var c stream.Chunk
+	stream.ParseOpenAI(data, &c)
+	return c.UsageOnly()
+}
+
+// jsonObject reports whether v is one whole JSON object (white space after
+// it allowed).
+func jsonObject(v []byte) bool {
+	return len(v) > 0 && v[0] == '{' && json.Valid(v)
 }
 
 // finishStrip releases everything at the end of the body, a trailing
@@ -404,6 +633,7 @@ func (t *tap) finishStrip() {
 	if !t.failed {
 		func() {
 			defer t.recoverTap()
+			t.finished = true
 			t.framer.Finish(t.onCut)
 		}()
 	}
@@ -414,14 +644,45 @@ func (t *tap) finishStrip() {
 	t.held = t.held[:0]
 }
 
+// wantsCompression reports whether a request's Accept-Encoding asks for a
+// content coding other than identity ("*" included; a coding given q=0 is
+// refused, not asked for). ServeHTTP does not inject usage for such a
+// client: the tap cannot cut the usage chunk out of a compressed body.
+func wantsCompression(h http.Header) bool {
+	for _, v := range h.Values("Accept-Encoding") {
+		for item := range strings.SplitSeq(v, ",") {
+			coding, params, _ := strings.Cut(item, ";")
+			coding = strings.TrimSpace(coding)
+			if coding == "" || strings.EqualFold(coding, "identity") || qZero(params) {
+				continue
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// qZero reports whether Accept-Encoding parameters give q=0.
+func qZero(params string) bool {
+	for p := range strings.SplitSeq(params, ";") {
+		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if ok && strings.EqualFold(strings.TrimSpace(k), "q") {
+			q, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return err == nil && q == 0
+		}
+	}
+	return false
+}
+
 // Close parses what is left and closes the upstream body.
 func (t *tap) Close() error {
 	if !t.closed {
 		t.closed = true
 		t.afterForward()
-		if !t.failed && t.kind == bodySSE && t.eof && !t.strip {
+		if !t.failed && t.kind == bodySSE && t.eof && !t.finished {
 			func() {
 				defer t.recoverTap()
+				t.finished = true
 				t.framer.Finish(t.onEv)
 			}()
 		}

@@ -3,7 +3,9 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,13 +60,18 @@ func realState(hint int) *reqState {
 
 // expectStripped frames the whole input at once and removes every complete
 // usage-only event: what a client must receive in strip mode.
-func expectStripped(in []byte) []byte {
+func expectStripped(in []byte) []byte { return expectStrippedUntil(in, -1) }
+
+// expectStrippedUntil is expectStripped for a strip mode that gave up at
+// stream offset until (-1: never): events starting there or later are
+// forwarded as they are.
+func expectStrippedUntil(in []byte, until int64) []byte {
 	var f stream.Framer
 	var out []byte
 	last := int64(0)
 	cut := func(e *stream.Event) {
 		var c stream.Chunk
-		if !e.HasData || e.Partial {
+		if !e.HasData || e.Partial || (until >= 0 && e.Start >= until) {
 			return
 		}
 		stream.ParseOpenAI(e.Data, &c)
@@ -78,7 +85,36 @@ func expectStripped(in []byte) []byte {
 	return append(out, in[last:]...)
 }
 
+// singleLFAt is where strip mode must give up for single-LF framing: the
+// start of the first event (whole-input framing, a partial one at the end
+// included) whose data has a second line after a first that is a whole
+// JSON object; -1 if none.
+func singleLFAt(in []byte) int64 {
+	var f stream.Framer
+	at := int64(-1)
+	see := func(e *stream.Event) {
+		if at >= 0 || !e.HasData {
+			return
+		}
+		first, _, multi := bytes.Cut(e.Data, []byte("\n"))
+		if multi && len(first) > 0 && first[0] == '{' && json.Valid(first) {
+			at = e.Start
+		}
+	}
+	f.Feed(in, see)
+	f.Finish(see)
+	return at
+}
+
 func runStrip(in []byte, sizes []int, buf int) []byte {
+	out, _ := runStripTap(in, sizes, buf, nil)
+	return out
+}
+
+// runStripTap reads the whole input through a strip-mode tap, reads of
+// the given sizes (cycled) into a buffer of buf bytes, and calls check
+// after every Read.
+func runStripTap(in []byte, sizes []int, buf int, check func(*tap)) ([]byte, *tap) {
 	st := newTestState()
 	tp := newTap(&chunkReader{data: in, sizes: sizes}, st, bodySSE, true, 1<<20)
 	st.tap = tp
@@ -87,34 +123,104 @@ func runStrip(in []byte, sizes []int, buf int) []byte {
 	for {
 		n, err := tp.Read(p)
 		out = append(out, p[:n]...)
+		if check != nil {
+			check(tp)
+		}
 		if err != nil {
 			break
 		}
 	}
 	tp.Close()
-	return out
+	return out, tp
+}
+
+// floodInput expands an input that starts with 0xFF (never in UTF-8
+// text), "\xFF" head "\xFF" unit "\xFF" tail, into head, unit repeated
+// until the whole passes stripHoldMax, and tail: small inputs that reach
+// strip_overflow, cheap for the fuzzer to mutate and minimize.
+func floodInput(in []byte) []byte {
+	if len(in) == 0 || in[0] != 0xFF {
+		return in
+	}
+	head, rest, _ := bytes.Cut(in[1:], []byte{0xFF})
+	unit, tail, _ := bytes.Cut(rest, []byte{0xFF})
+	out := append([]byte(nil), head...)
+	for len(unit) > 0 && len(out) <= stripHoldMax+len(unit) {
+		out = append(out, unit...)
+	}
+	return append(out, tail...)
 }
 
 func FuzzTapStrip(f *testing.F) {
 	usage := `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`
+	tok := `data: {"choices":[{"delta":{"content":"a"}}]}`
 	for _, s := range []string{
-		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n" + usage + "\n\ndata: [DONE]\n\n",
+		tok + "\n\n" + usage + "\n\ndata: [DONE]\n\n",
 		usage + "\r\n\r\ndata: [DONE]\r\n\r\n",
 		usage + "\r\r" + usage + "\r\r",
 		": ping\n\n" + usage + "\n\n\n\ndata: x\n\n",
 		usage + "\n",
+		// comment floods without a blank line (floodInput): past
+		// stripHoldMax strip mode gives up
+		"\xFF\xFF: comment\n\xFF" + usage + "\n\n",
+		"\xFF" + usage + "\n\n\xFF: comment\n\xFF\n" + usage + "\n\n",
+		"\xFF" + usage + "\r\n\r\n\xFF: comment\r\n\xFF\r\n" + usage + "\r\n\r\n",
+		"\xFF" + tok + "\n\xFF: comment\n\xFF\n" + usage + "\n\n",
+		"\xFF\xFFx\xFF\n\n" + usage + "\n\n", // one long line
+		strings.Repeat(": comment\n", 100) + "\n" + usage + "\n\n",
+		// single-LF framing
+		tok + "\n" + tok + "\n" + usage + "\ndata: [DONE]\n",
+		tok + "\r\n" + tok + "\r\n" + usage + "\r\ndata: [DONE]\r\n",
+		tok + "\r" + usage + "\r" + "data: [DONE]\r",
+		usage + "\n" + "data: [DONE]\n",
+		tok + "\n\n" + usage + "\n\n" + tok + "\n" + tok + "\n\n" + usage + "\n\n",
+		tok + "\n: ping\nevent: x\n\n" + usage + "\n\n",
+		"data: {\"a\":\n" + "data: 1}\n\n" + usage + "\n\n", // multi-line JSON: SSE, still stripped
+		"\xEF\xBB\xBF" + tok + "\ndata: [DONE]\n",
 	} {
 		f.Add([]byte(s), []byte{1, 5, 2}, uint8(3))
+		f.Add([]byte(s), []byte{200, 255, 37}, uint8(255))
 	}
 	f.Fuzz(func(t *testing.T, in []byte, sizes []byte, buf uint8) {
+		flood := len(in) > 0 && in[0] == 0xFF
+		in = floodInput(in)
 		sz := make([]int, len(sizes))
 		for i, s := range sizes {
 			sz[i] = int(s)
+			if s >= 128 { // some reads of up to 32 KiB
+				sz[i] = (int(s) - 127) * 256
+			}
+			if flood { // fewer reads of 64 KiB and more: minimizing stays quick
+				sz[i] = sz[i]*67 + 1
+			}
 		}
-		got := runStrip(in, sz, int(buf)%64+1)
-		want := expectStripped(in)
+		bufLen := int(buf)%64 + 1
+		if buf >= 192 {
+			bufLen = 32 << 10
+		}
+		got, tp := runStripTap(in, sz, bufLen, nil)
+		rec := tp.st.rec
+		until := singleLFAt(in)
+		switch rec.TapFailed {
+		case "":
+			if until >= 0 || tp.gaveUpAt >= 0 {
+				t.Fatalf("in %q: no give-up recorded, single-LF at %d, gave up at %d", in, until, tp.gaveUpAt)
+			}
+		case "single_lf_framing":
+			if tp.gaveUpAt != until {
+				t.Fatalf("in %q: gave up at %d, single-LF framing starts at %d", in, tp.gaveUpAt, until)
+			}
+		case "strip_overflow":
+			if until >= 0 && tp.gaveUpAt > until || len(in)-int(tp.gaveUpAt) <= stripHoldMax {
+				t.Fatalf("in %q: strip_overflow at %d (single-LF at %d)", in, tp.gaveUpAt, until)
+			}
+			until = tp.gaveUpAt
+		default:
+			t.Fatalf("in %q: tap failed: %s", in, rec.TapFailed)
+		}
+		want := expectStrippedUntil(in, until)
 		if !bytes.Equal(got, want) {
-			t.Fatalf("in %q sizes %v buf %d:\n got %q\nwant %q", in, sizes, int(buf)%64+1, got, want)
+			t.Fatalf("in %q sizes %v buf %d:\n got %q\nwant %q", in, sz, bufLen, got, want)
 		}
 	})
 }
