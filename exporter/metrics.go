@@ -107,7 +107,7 @@ func New(cfg Config) *Metrics {
 	})
 	m.Registry.MustRegister(m.forward, m.inFlight, m.tapFailures, m.usageInjected, m.malformed, m.upstreamUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, r := range []string{"panic", "event_too_large", "content_encoding"} {
+	for _, r := range []string{"panic", "event_too_large", "content_encoding", "strip_overflow", "single_lf_framing"} {
 		m.tapFailures.WithLabelValues(r)
 	}
 	for _, s := range cfg.SLOs {

@@ -217,7 +217,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		info, r.Body = in, body
-		if p.opts.InjectUsage && in.Whole && in.Stream && !in.IncludeUsage {
+		// The engine is asked for an uncompressed answer when usage is
+		// injected; a client that refuses one gets no injection (tap.go,
+		// refusesIdentity).
+		if p.opts.InjectUsage && in.Whole && in.Stream && !in.IncludeUsage && !refusesIdentity(r.Header) {
 			if nb, err := withIncludeUsage(whole); err == nil {
 				rewritten = nb
 			}
@@ -257,6 +260,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(rewritten))
 		r.ContentLength = int64(len(rewritten))
 		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
+		r.Header.Set("Accept-Encoding", "identity") // so that the engine answers uncompressed
 	}
 
 	ctx = context.WithValue(ctx, stateKey{}, st)
@@ -388,17 +392,19 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	}
 	status := rec.HTTPStatus
 	switch {
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
+	case status >= 400 && (t.eof || t.done || t.streamErr):
+		// An HTTP error status is classified by its class; the engine's
+		// own code, when its error body has one, is in ErrorCode.
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrHTTP4xx
+		if status >= 500 {
+			rec.ErrorType = record.ErrHTTP5xx
+		}
 	case t.streamErr:
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrStreamError
 		if t.rejection {
 			rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
-		}
-	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
-		rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
-	case status >= 400 && (t.eof || t.done):
-		rec.Outcome, rec.ErrorType = record.Error, record.ErrHTTP4xx
-		if status >= 500 {
-			rec.ErrorType = record.ErrHTTP5xx
 		}
 	case t.done:
 		rec.Outcome = record.Success

@@ -644,22 +644,33 @@ func (t *tap) finishStrip() {
 	t.held = t.held[:0]
 }
 
-// wantsCompression reports whether a request's Accept-Encoding asks for a
-// content coding other than identity ("*" included; a coding given q=0 is
-// refused, not asked for). ServeHTTP does not inject usage for such a
-// client: the tap cannot cut the usage chunk out of a compressed body.
-func wantsCompression(h http.Header) bool {
+// refusesIdentity reports whether a request's Accept-Encoding refuses
+// an uncompressed answer: "identity;q=0", or "*;q=0" without identity
+// named. Design note: when the sidecar injects the usage request it asks
+// the engine for an uncompressed response (Accept-Encoding: identity),
+// because the tap cannot cut the usage chunk out of a compressed body.
+// That is allowed for every client that does not refuse identity, and
+// nearly every client asks for gzip by default (Go's net/http, httpx
+// under the OpenAI Python SDK, requests), so skipping injection for
+// them would lose exact token counts almost everywhere; inference
+// engines do not compress their streams anyway (vLLM, SGLang, TGI,
+// Ollama send SSE uncompressed), so the client's bytes are what they
+// would have been. Only a client that refuses identity gets no injection.
+func refusesIdentity(h http.Header) bool {
+	star := false
 	for _, v := range h.Values("Accept-Encoding") {
 		for item := range strings.SplitSeq(v, ",") {
 			coding, params, _ := strings.Cut(item, ";")
 			coding = strings.TrimSpace(coding)
-			if coding == "" || strings.EqualFold(coding, "identity") || qZero(params) {
-				continue
+			switch {
+			case strings.EqualFold(coding, "identity"):
+				return qZero(params)
+			case coding == "*":
+				star = qZero(params)
 			}
-			return true
 		}
 	}
-	return false
+	return star
 }
 
 // qZero reports whether Accept-Encoding parameters give q=0.

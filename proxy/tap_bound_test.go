@@ -357,7 +357,9 @@ func gunzip(t *testing.T, b []byte) string {
 
 // gzipEngine answers in gzip whatever it was asked, with the usage event
 // when it was asked for it.
-func gzipEngine(t *testing.T, saw *upstreamSaw, sent *[]byte) http.HandlerFunc {
+// gzipEngine compresses its stream when the request asks for gzip, or
+// always (a misbehaving engine).
+func gzipEngine(t *testing.T, saw *upstreamSaw, sent *[]byte, always bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		saw.note(t, r)
 		s := boundTok + "\n\n"
@@ -366,51 +368,66 @@ func gzipEngine(t *testing.T, saw *upstreamSaw, sent *[]byte) http.HandlerFunc {
 			s += boundUsage + "\n\n"
 		}
 		s += "data: [DONE]\n\n"
-		b := gzipped(s)
+		b := []byte(s)
+		gz := always || strings.Contains(r.Header.Get("Accept-Encoding"), "gzip")
+		if gz {
+			b = gzipped(s)
+		}
 		*sent = b
 		saw.mu.Unlock()
 		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Content-Encoding", "gzip")
+		if gz {
+			w.Header().Set("Content-Encoding", "gzip")
+		}
 		w.(http.Flusher).Flush() // chunked: the client's EOF comes after the record
 		w.Write(b)
 	}
 }
 
-// A client that asks for compression gets no injected usage request: the
-// engine sees its request and Accept-Encoding as sent, and the client the
-// engine's bytes.
-func TestNoInjectionWhenClientAsksForCompression(t *testing.T) {
-	var saw upstreamSaw
-	var sent []byte
-	fs, sink := front(t, gzipEngine(t, &saw, &sent), Options{InjectUsage: true})
-	resp := post(t, plainClient(), fs.URL, http.Header{"Accept-Encoding": {"gzip, deflate"}})
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	saw.mu.Lock()
-	if saw.streamOptions || !slices.Equal(saw.acceptEncoding, []string{"gzip, deflate"}) {
-		t.Fatalf("upstream saw stream_options %v, Accept-Encoding %q", saw.streamOptions, saw.acceptEncoding)
+// A client that asks for compression still gets the injection: the
+// engine is asked for identity (allowed unless the client refuses it),
+// the client's bytes are the engine's minus the usage chunk. Go's default
+// client asks for gzip by itself; it too gets exact counts. A client that
+// refuses identity gets no injection and the engine's bytes as they came.
+func TestInjectionAsksForIdentityEvenWhenTheClientAcceptsGzip(t *testing.T) {
+	for _, client := range []struct {
+		name string
+		c    *http.Client
+		h    http.Header
+	}{{"explicit gzip", plainClient(), http.Header{"Accept-Encoding": {"gzip, deflate"}}}, {"Go default client", http.DefaultClient, nil}} {
+		var saw upstreamSaw
+		var sent []byte
+		fs, sink := front(t, gzipEngine(t, &saw, &sent, false), Options{InjectUsage: true})
+		resp := post(t, client.c, fs.URL, client.h)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		saw.mu.Lock()
+		if !saw.streamOptions || !slices.Equal(saw.acceptEncoding, []string{"identity"}) {
+			t.Fatalf("%s: upstream saw stream_options %v, Accept-Encoding %q", client.name, saw.streamOptions, saw.acceptEncoding)
+		}
+		saw.mu.Unlock()
+		if resp.Header.Get("Content-Encoding") != "" || string(body) != boundTok+"\n\ndata: [DONE]\n\n" {
+			t.Fatalf("%s: client got %q (encoding %q)", client.name, body, resp.Header.Get("Content-Encoding"))
+		}
+		if r := only(t, sink); !r.UsageInjected || r.TokenSource != "usage" || r.TapFailed != "" {
+			t.Fatalf("%s: record injected %v source %s tap_failed %q", client.name, r.UsageInjected, r.TokenSource, r.TapFailed)
+		}
 	}
-	if !bytes.Equal(body, sent) || resp.Header.Get("Content-Encoding") != "gzip" {
-		t.Fatalf("client bytes differ from the engine's")
-	}
-	saw.mu.Unlock()
-	if r := only(t, sink); r.UsageInjected {
-		t.Fatal("usage injected for a client that asked for compression")
-	}
-
-	// Go's default client asks for gzip by itself, and decodes it.
-	var saw2 upstreamSaw
-	fs, sink = front(t, gzipEngine(t, &saw2, &sent), Options{InjectUsage: true})
-	resp = post(t, http.DefaultClient, fs.URL, nil)
-	body, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	saw2.mu.Lock()
-	defer saw2.mu.Unlock()
-	if saw2.streamOptions || string(body) != boundTok+"\n\ndata: [DONE]\n\n" {
-		t.Fatalf("default client: stream_options %v, body %q", saw2.streamOptions, body)
-	}
-	if r := only(t, sink); r.UsageInjected {
-		t.Fatal("usage injected for Go's default client (Accept-Encoding: gzip)")
+	for _, refuse := range []string{"gzip, identity;q=0", "gzip, *;q=0"} {
+		var saw upstreamSaw
+		var sent []byte
+		fs, sink := front(t, gzipEngine(t, &saw, &sent, false), Options{InjectUsage: true})
+		resp := post(t, plainClient(), fs.URL, http.Header{"Accept-Encoding": {refuse}})
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		saw.mu.Lock()
+		if saw.streamOptions || !bytes.Equal(body, sent) {
+			t.Fatalf("%q: upstream saw stream_options %v; client bytes equal %v", refuse, saw.streamOptions, bytes.Equal(body, sent))
+		}
+		saw.mu.Unlock()
+		if r := only(t, sink); r.UsageInjected {
+			t.Fatalf("%q: usage injected for a client that refuses identity", refuse)
+		}
 	}
 }
 
@@ -453,7 +470,7 @@ func TestCompressedAnswerAfterInjection(t *testing.T) {
 	var saw upstreamSaw
 	var sent []byte
 	obs := newReasonObs()
-	fs, sink := front(t, gzipEngine(t, &saw, &sent), Options{InjectUsage: true}, obs)
+	fs, sink := front(t, gzipEngine(t, &saw, &sent, true), Options{InjectUsage: true}, obs)
 	resp := post(t, plainClient(), fs.URL, nil)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -474,7 +491,7 @@ func TestCompressedAnswerAfterInjection(t *testing.T) {
 	}
 }
 
-func TestWantsCompression(t *testing.T) {
+func TestRefusesIdentity(t *testing.T) {
 	for _, tc := range []struct {
 		ae   []string
 		want bool
@@ -482,21 +499,20 @@ func TestWantsCompression(t *testing.T) {
 		{nil, false},
 		{[]string{""}, false},
 		{[]string{"identity"}, false},
-		{[]string{"Identity; q=1"}, false},
-		{[]string{"gzip"}, true},
-		{[]string{"gzip, deflate, br, zstd"}, true},
-		{[]string{"identity", "gzip"}, true},
-		{[]string{"*"}, true},
-		{[]string{"gzip;q=0"}, false},
-		{[]string{"gzip; q=0.000, identity"}, false},
-		{[]string{"gzip;q=0.5"}, true},
-		{[]string{"br;q=bogus"}, true},
+		{[]string{"gzip, deflate, br, zstd"}, false},
+		{[]string{"*"}, false},
+		{[]string{"identity;q=0"}, true},
+		{[]string{"gzip", "Identity; q=0.000"}, true},
+		{[]string{"gzip, *;q=0"}, true},
+		{[]string{"identity, *;q=0"}, false},
+		{[]string{"identity;q=0.5"}, false},
+		{[]string{"identity;q=bogus"}, false},
 	} {
 		h := http.Header{}
 		for _, v := range tc.ae {
 			h.Add("Accept-Encoding", v)
 		}
-		if got := wantsCompression(h); got != tc.want {
+		if got := refusesIdentity(h); got != tc.want {
 			t.Errorf("%q: %v, want %v", tc.ae, got, tc.want)
 		}
 	}
