@@ -75,6 +75,9 @@ type Config struct {
 	// Tracing configures OTel spans beyond the OTEL_* environment
 	// (docs/tracing.md).
 	Tracing Tracing `yaml:"tracing"`
+	// Engine configures the scraper of the engine's own metrics
+	// (docs/engine-signals.md).
+	Engine Engine `yaml:"engine"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -97,6 +100,7 @@ func Defaults() Config {
 		BodyReadTimeout:    30 * time.Second,
 		LogLevel:           "info",
 		Simulator:          SimulatorDefaults(),
+		Engine:             EngineDefaults(),
 	}
 }
 
@@ -226,6 +230,8 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.Float64Var(&s.EOSProb, "sim.eos-prob", s.EOSProb, "simulator: probability per token of a natural end")
 	fs.IntVar(&s.MaxTokens, "sim.max-tokens", s.MaxTokens, "simulator: output length when the request sets no max_tokens")
 	fs.Uint64Var(&s.Seed, "sim.seed", s.Seed, "simulator: random seed")
+	fs.IntVar(&s.KVCapacityTokens, "sim.kv-capacity-tokens", s.KVCapacityTokens, "simulator: KV cache capacity in tokens; running sequences past it are preempted and recomputed")
+	c.Engine.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -292,6 +298,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Probes.Validate()...)
 	errs = append(errs, c.Energy.Validate()...)
 	errs = append(errs, c.Tracing.Validate()...)
+	errs = append(errs, c.Engine.Validate()...)
 	return errs
 }
 

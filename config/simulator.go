@@ -25,6 +25,13 @@ type Simulator struct {
 	EOSProb         float64       `yaml:"eos_prob"`          // 0.02 per token after the first
 	MaxTokens       int           `yaml:"max_tokens"`        // 64, when the request sets none
 	Seed            uint64        `yaml:"seed"`              // 1
+	// KVCapacityTokens is the KV cache, in tokens, shared by the running
+	// sequences (prompt plus generated tokens each). When a decode step
+	// needs more, the most recently admitted sequence is preempted: its
+	// KV is freed, it waits at the head of the queue and recomputes its
+	// prefill when readmitted, as vLLM does. Default 32768: the default
+	// batch of 8 would need over 4,000 tokens per sequence to preempt.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 }
 
 // SimulatorDefaults returns the simulator configuration used for zero
@@ -35,7 +42,7 @@ func SimulatorDefaults() Simulator {
 		PrefillBase: 10 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond,
 		DecodeBase: 15 * time.Millisecond, DecodePerSeq: time.Millisecond,
 		Jitter: 0.1, MultiTokenProb: 0.05, StallProb: 0.002, StallDuration: 250 * time.Millisecond,
-		ErrorProb: 0.01, EOSProb: 0.02, MaxTokens: 64, Seed: 1,
+		ErrorProb: 0.01, EOSProb: 0.02, MaxTokens: 64, Seed: 1, KVCapacityTokens: 32768,
 	}
 }
 
@@ -65,6 +72,9 @@ func (c Simulator) WithDefaults() Simulator {
 	if c.StallDuration <= 0 {
 		c.StallDuration = d.StallDuration
 	}
+	if c.KVCapacityTokens <= 0 {
+		c.KVCapacityTokens = d.KVCapacityTokens
+	}
 	return c
 }
 
@@ -87,6 +97,9 @@ func (c Simulator) Validate() []error {
 	}
 	if c.MaxQueue < 0 {
 		bad("simulator.max_queue must not be negative")
+	}
+	if c.KVCapacityTokens < 0 {
+		bad("simulator.kv_capacity_tokens must not be negative")
 	}
 	if c.RejectStatus != 0 && (c.RejectStatus < 400 || c.RejectStatus > 599) {
 		bad("simulator.reject_status must be a 4xx or 5xx status")
