@@ -1,0 +1,461 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/record"
+)
+
+// engineServer serves body at path (404 elsewhere) with a content type.
+func engineServer(t *testing.T, path, contentType string, body func() string) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", contentType)
+		fmt.Fprint(w, body())
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func fixture(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func newScraper(t *testing.T, base string, reg prometheus.Registerer, mod func(*config.Engine)) *Scraper {
+	t.Helper()
+	u, _ := url.Parse(base)
+	cfg := config.EngineDefaults()
+	if mod != nil {
+		mod(&cfg)
+	}
+	return New(Options{Config: cfg, Upstream: u, Registry: reg})
+}
+
+// series gathers the registry into "name{engine}" → value (counters and
+// gauges) and "name{engine}/count", "/sum", "/le=<b>" for histograms.
+func series(t *testing.T, g prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	out := map[string]float64{}
+	for _, mf := range fams {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, lp := range m.GetLabel() {
+				ls = append(ls, lp.GetName()+"="+lp.GetValue())
+			}
+			k := mf.GetName() + "{" + strings.Join(ls, ",") + "}"
+			switch {
+			case m.Gauge != nil:
+				out[k] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[k] = m.GetCounter().GetValue()
+			case m.Untyped != nil:
+				out[k] = m.GetUntyped().GetValue()
+			case m.Histogram != nil:
+				out[k+"/count"] = float64(m.GetHistogram().GetSampleCount())
+				out[k+"/sum"] = m.GetHistogram().GetSampleSum()
+				for _, b := range m.GetHistogram().GetBucket() {
+					out[fmt.Sprintf("%s/le=%g", k, b.GetUpperBound())] = float64(b.GetCumulativeCount())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// For each engine fixture (testdata/README.md says where each comes
+// from), the normalised series equal the values read by hand from the
+// fixture, and the series an engine does not export are absent.
+func TestFixturesNormalise(t *testing.T) {
+	const text = "text/plain; version=0.0.4; charset=utf-8"
+	for _, c := range []struct {
+		file, path, ctype string
+		engine            string
+		want              map[string]float64 // series suffix → value
+		absent            []string
+	}{
+		{"vllm-v1.prom", "/metrics", text, "vllm", map[string]float64{
+			"requests_running": 8, "requests_waiting": 7, "kv_cache_usage_ratio": 0.9625,
+			"preemptions_total": 12, "requests_aborted_total": 0, "prefix_cache_hit_ratio": 0.25,
+			"time_to_first_token_seconds/count": 140, "time_to_first_token_seconds/le=0.04": 97,
+			"time_to_first_token_seconds/le=0.1": 140, "time_to_first_token_seconds/sum": 0,
+			"inter_token_latency_seconds/count": 27313, "inter_token_latency_seconds/sum": 573.5,
+			"inter_token_latency_seconds/le=0.025": 20000,
+		}, []string{"requests_rejected_total", "time_per_output_token_seconds/count"}},
+		{"sglang.prom", "/metrics", text, "sglang", map[string]float64{
+			"requests_running": 162, "requests_waiting": 2826, "kv_cache_usage_ratio": 0.28,
+			"prefix_cache_hit_ratio":            0.007507552643049313,
+			"time_to_first_token_seconds/count": 11008, "time_to_first_token_seconds/sum": 2.3518979474117756e+06,
+			"time_to_first_token_seconds/le=2.5": 140,
+			"inter_token_latency_seconds/count":  7.400757e+06, "inter_token_latency_seconds/le=0.1": 4.950195e+06,
+		}, []string{"preemptions_total", "requests_aborted_total", "requests_rejected_total"}},
+		{"tgi.prom", "/metrics", "text/plain; version=0.0.4", "tgi", map[string]float64{
+			"requests_running": 16, "requests_waiting": 4, "kv_cache_usage_ratio": 0.75, "requests_rejected_total": 37,
+			"time_per_output_token_seconds/count": 1190, "time_per_output_token_seconds/sum": 16.2,
+			"time_per_output_token_seconds/le=0.0129746337890625": 410,
+		}, []string{"preemptions_total", "prefix_cache_hit_ratio", "time_to_first_token_seconds/count", "inter_token_latency_seconds/count"}},
+		{"llamacpp.prom", "/metrics", "text/plain; version=0.0.4", "llamacpp", map[string]float64{
+			"requests_running": 2, "requests_waiting": 5,
+		}, []string{"kv_cache_usage_ratio", "preemptions_total", "prefix_cache_hit_ratio", "time_to_first_token_seconds/count"}},
+		{"trtllm.prom", "/prometheus/metrics", text, "trtllm", map[string]float64{
+			"requests_running": 24, "requests_waiting": 3, "kv_cache_usage_ratio": 0.41, "prefix_cache_hit_ratio": 0.62,
+			"time_to_first_token_seconds/count": 1000, "time_to_first_token_seconds/sum": 71.5, "time_to_first_token_seconds/le=0.1": 900,
+			"time_per_output_token_seconds/count": 1000, "time_per_output_token_seconds/le=0.025": 950,
+		}, []string{"preemptions_total", "requests_aborted_total"}},
+		{"dynamo.prom", "/metrics", text, "dynamo", map[string]float64{
+			"requests_running": 5, "requests_waiting": 2,
+			"time_to_first_token_seconds/count": 420, "time_to_first_token_seconds/le=0.1": 380,
+			"inter_token_latency_seconds/count": 26880, "inter_token_latency_seconds/sum": 301,
+		}, []string{"kv_cache_usage_ratio", "preemptions_total"}},
+		{"ollama-api-ps.json", "/api/ps", "application/json; charset=utf-8", "ollama", map[string]float64{
+			"models_loaded": 1, "vram_bytes": 5137025024,
+		}, []string{"requests_running", "kv_cache_usage_ratio", "preemptions_total"}},
+	} {
+		t.Run(c.engine, func(t *testing.T) {
+			body := fixture(t, c.file)
+			srv := engineServer(t, c.path, c.ctype, func() string { return body })
+			reg := prometheus.NewRegistry()
+			s := newScraper(t, srv.URL, reg, nil)
+			s.Scrape(context.Background())
+			got := series(t, reg)
+			reason := "ok"
+			if c.engine == "ollama" {
+				reason = "api_ps"
+			}
+			if up := got[fmt.Sprintf("tokentap_engine_up{engine=%s,reason=%s}", c.engine, reason)]; up != 1 {
+				t.Fatalf("tokentap_engine_up{engine=%s,reason=%s} = %v; series: %v", c.engine, reason, up, got)
+			}
+			for suffix, want := range c.want {
+				name, part, _ := strings.Cut(suffix, "/")
+				k := "tokentap_engine_" + name + "{engine=" + c.engine + "}"
+				if part != "" {
+					k += "/" + part
+				}
+				v, ok := got[k]
+				if !ok || math.Abs(v-want) > 1e-9*math.Max(1, math.Abs(want)) {
+					t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+				}
+			}
+			for _, suffix := range c.absent {
+				name, part, _ := strings.Cut(suffix, "/")
+				k := "tokentap_engine_" + name + "{engine=" + c.engine + "}"
+				if part != "" {
+					k += "/" + part
+				}
+				if _, ok := got[k]; ok {
+					t.Errorf("%s present; %s does not export it", k, c.engine)
+				}
+			}
+		})
+	}
+}
+
+// Newer SGLang counts retractions (its preemptions) in a counter.
+func TestSGLangRetractionsArePreemptions(t *testing.T) {
+	fams, err := Parse([]byte(`# HELP sglang:num_retracted_requests_total Total number of retracted requests.
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 4.0
+# HELP sglang:num_aborted_requests_total Number of requests aborted.
+# TYPE sglang:num_aborted_requests_total counter
+sglang:num_aborted_requests_total{model_name="m"} 2.0
+`), http.Header{"Content-Type": {"text/plain; version=0.0.4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := Normalise(Detect(fams), fams)
+	if snap.Kind != SGLang || snap.Values[sPreemptions] != 4 || snap.Values[sAborted] != 2 {
+		t.Fatalf("%+v", snap)
+	}
+}
+
+// An engine that answers in OpenMetrics is parsed by the OpenMetrics
+// parser; its counter families get back the _total they have on the wire.
+func TestOpenMetricsNegotiation(t *testing.T) {
+	var accept string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		accept = r.Header.Get("Accept")
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+		fmt.Fprint(w, `# TYPE vllm:num_preemptions counter
+# HELP vllm:num_preemptions Cumulative number of preemption from the engine.
+vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:num_requests_running gauge
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# EOF
+`)
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	s := newScraper(t, srv.URL, reg, func(c *config.Engine) { c.Passthrough = true })
+	s.Scrape(context.Background())
+	got := series(t, reg)
+	if got["tokentap_engine_preemptions_total{engine=vllm}"] != 3 || got["tokentap_engine_requests_running{engine=vllm}"] != 2 {
+		t.Fatalf("series %v", got)
+	}
+	if got["vllm:num_preemptions_total{engine=0,model_name=m}"] != 3 {
+		t.Errorf("passthrough of an OpenMetrics counter: %v", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.HasPrefix(accept, "text/plain;version=0.0.4;q=1,application/openmetrics-text") {
+		t.Errorf("Accept %q: the text format first", accept)
+	}
+}
+
+// The preemption counter follows the engine's across a restart (the
+// engine's counter falls back to zero), and the history answers "how
+// many between t0 and t1" with the scrapes around the window.
+func TestPreemptionCounterAndHistory(t *testing.T) {
+	var mu sync.Mutex
+	preempt, waiting, kv := 5.0, 0.0, 0.5
+	srv := engineServer(t, "/metrics", "text/plain; version=0.0.4", func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("vllm:num_preemptions_total %g\nvllm:num_requests_waiting %g\nvllm:kv_cache_usage_perc %g\nvllm:num_requests_running 4\n", preempt, waiting, kv)
+	})
+	reg := prometheus.NewRegistry()
+	s := newScraper(t, srv.URL, reg, nil)
+	set := func(p, w, k float64) {
+		mu.Lock()
+		preempt, waiting, kv = p, w, k
+		mu.Unlock()
+	}
+	var at []time.Time
+	scrape := func() {
+		s.Scrape(context.Background())
+		s.mu.Lock()
+		at = append(at, s.hist.s[len(s.hist.s)-1].t)
+		s.mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+	}
+	scrape()        // 0: 5
+	set(9, 0, 0.5)  //
+	scrape()        // 1: 9
+	set(2, 0, 0.5)  // the engine restarted: 9 → 2 is 2 more
+	scrape()        // 2: 11
+	set(2, 6, 0.97) // queue and KV up, no preemption
+	scrape()        // 3: 11
+	if v := series(t, reg)["tokentap_engine_preemptions_total{engine=vllm}"]; v != 11 {
+		t.Fatalf("preemptions_total %v after 5, 9, restart, 2: want 11", v)
+	}
+	mid := func(i int) time.Time { return at[i].Add(at[i+1].Sub(at[i]) / 2) }
+	for _, c := range []struct {
+		t0, t1 time.Time
+		want   int
+	}{
+		{mid(0), mid(0), 4},     // between scrapes 0 and 1: the window widens to them
+		{at[0], at[1], 4},       // exactly on scrapes
+		{mid(0), mid(1), 6},     // from scrape 0 to scrape 2
+		{at[2], at[3], 0},       // nothing
+		{mid(2), time.Now(), 0}, // no scrape after: the latest bounds it
+		{at[0].Add(-time.Hour), at[0], 0},
+	} {
+		if n, ok := s.PreemptionsBetween(c.t0, c.t1); !ok || n != c.want {
+			t.Errorf("PreemptionsBetween(%v, %v) = %d, %v; want %d", c.t0.Sub(at[0]), c.t1.Sub(at[0]), n, ok, c.want)
+		}
+	}
+
+	// Signals: a request whose stall spans scrapes 0→1 was stalled by a
+	// preemption; one whose stall spans 2→3 coincided with a full cache.
+	stalled := func(from, to time.Time) *record.Record {
+		r := record.New(2)
+		r.Arrive = from
+		r.AddToken(from, 0, true)
+		r.AddToken(to, 0, true)
+		r.Terminal = to
+		return r
+	}
+	if n, cause := s.Signals(stalled(at[0], at[1]), time.Microsecond); n != 4 || cause != CausePreemption {
+		t.Errorf("stall across a preemption: %d, %q", n, cause)
+	}
+	if n, cause := s.Signals(stalled(at[2], at[3]), time.Microsecond); n != 0 || cause != CauseKVCacheFull {
+		t.Errorf("stall at 97%% KV: %d, %q", n, cause)
+	}
+	if _, cause := s.Signals(stalled(at[2], at[3]), time.Hour); cause != "" {
+		t.Errorf("no gap above the threshold, cause %q", cause)
+	}
+}
+
+func TestQueueSpikeCause(t *testing.T) {
+	h := &history{}
+	t0 := time.Now()
+	for i, w := range []float64{1, 1, 9, 2} {
+		h.add(sample{t: t0.Add(time.Duration(i) * time.Second), preempt: 0, waiting: w, kv: 0.5, running: 4})
+	}
+	if c := h.stallCause(t0.Add(1500*time.Millisecond), t0.Add(2500*time.Millisecond)); c != 1 {
+		t.Errorf("queue 1 → 9 across the stall: cause %d, want queue_spike", c)
+	}
+	if c := h.stallCause(t0.Add(2500*time.Millisecond), t0.Add(3*time.Second)); c != 0 {
+		t.Errorf("queue falling: cause %d, want none", c)
+	}
+}
+
+// Failures are counted by reason; tokentap_engine_up says why; an
+// engine with no metrics at all is said once and counted as no_metrics;
+// Ollama is read through /api/ps.
+func TestFailuresAndFallbacks(t *testing.T) {
+	var mu sync.Mutex
+	status := 200
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		st := status
+		mu.Unlock()
+		switch {
+		case st == 0:
+			time.Sleep(300 * time.Millisecond)
+		case r.URL.Path == "/metrics" && st == 200:
+			fmt.Fprint(w, "vllm:num_requests_running 1\n")
+		case r.URL.Path == "/metrics" && st == 500:
+			http.Error(w, "boom", 500)
+		case r.URL.Path == "/metrics" && st == 201:
+			fmt.Fprint(w, "vllm:num_requests_running{ 1\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	s := newScraper(t, srv.URL, reg, func(c *config.Engine) { c.Timeout = 100 * time.Millisecond })
+	step := func(st int, upKey string, failures map[string]float64) {
+		t.Helper()
+		mu.Lock()
+		status = st
+		mu.Unlock()
+		s.Scrape(context.Background())
+		got := series(t, reg)
+		if got[upKey] != map[bool]float64{true: 1, false: 0}[strings.Contains(upKey, "reason=ok")] {
+			t.Fatalf("after status %d: %s missing or wrong; %v", st, upKey, got)
+		}
+		for r, n := range failures {
+			if got["tokentap_engine_scrape_failures_total{reason="+r+"}"] != n {
+				t.Errorf("after status %d: failures{%s} = %v, want %v", st, r, got["tokentap_engine_scrape_failures_total{reason="+r+"}"], n)
+			}
+		}
+	}
+	step(200, "tokentap_engine_up{engine=vllm,reason=ok}", nil)
+	step(500, "tokentap_engine_up{engine=vllm,reason=http_5xx}", map[string]float64{"http_5xx": 1})
+	step(201, "tokentap_engine_up{engine=vllm,reason=parse}", map[string]float64{"parse": 1})
+	step(0, "tokentap_engine_up{engine=vllm,reason=timeout}", map[string]float64{"timeout": 1})
+	step(404, "tokentap_engine_up{engine=vllm,reason=http_4xx}", map[string]float64{"http_4xx": 1}) // the path it knew went away
+	step(404, "tokentap_engine_up{engine=vllm,reason=no_metrics}", map[string]float64{"no_metrics": 1})
+	step(200, "tokentap_engine_up{engine=vllm,reason=ok}", nil)
+	if got := series(t, reg); got["tokentap_engine_requests_running{engine=vllm}"] != 1 {
+		t.Errorf("normalised series after recovery: %v", got)
+	}
+}
+
+// With passthrough, the engine's own families are re-exported untouched
+// on the sidecar's registry, except those named like the sidecar's own
+// (a Python engine's process_* would collide with the Go collector's).
+func TestPassthrough(t *testing.T) {
+	body := fixture(t, "vllm-v1.prom") + `# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 12.5
+# HELP python_gc_collections_total Number of times this generation was collected
+# TYPE python_gc_collections_total counter
+python_gc_collections_total{generation="0"} 120.0
+`
+	srv := engineServer(t, "/metrics", "text/plain; version=0.0.4; charset=utf-8", func() string { return body })
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := newScraper(t, srv.URL, reg, func(c *config.Engine) { c.Passthrough = true })
+	s.Scrape(context.Background())
+	got := series(t, reg)
+	for k, want := range map[string]float64{
+		"vllm:num_requests_running{model_name=meta-llama/Llama-3.1-8B-Instruct}":              8,
+		"vllm:num_preemptions_total{engine=0,model_name=meta-llama/Llama-3.1-8B-Instruct}":    12,
+		"vllm:time_to_first_token_seconds{model_name=meta-llama/Llama-3.1-8B-Instruct}/count": 140,
+		"python_gc_collections_total{generation=0}":                                           120,
+		"tokentap_engine_requests_running{engine=vllm}":                                       8,
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v", k, got[k], want)
+		}
+	}
+	if got["process_cpu_seconds_total{}"] == 12.5 {
+		t.Error("the engine's process_cpu_seconds_total replaced the sidecar's own")
+	}
+}
+
+// A configured kind wins over detection; the simulator is labelled as such.
+func TestConfiguredKind(t *testing.T) {
+	srv := engineServer(t, "/metrics", "text/plain", func() string { return "vllm:num_requests_waiting 3\n" })
+	reg := prometheus.NewRegistry()
+	s := newScraper(t, srv.URL, reg, func(c *config.Engine) { c.Kind = "simulator" })
+	s.Scrape(context.Background())
+	if v := series(t, reg)["tokentap_engine_requests_waiting{engine=simulator}"]; v != 3 {
+		t.Fatalf("waiting %v", v)
+	}
+}
+
+func TestDetect(t *testing.T) {
+	for prefix, want := range map[string]Kind{"vllm:x": VLLM, "sglang:x": SGLang, "tgi_x": TGI, "llamacpp:x": LlamaCpp,
+		"trtllm_x": TRTLLM, "dynamo_frontend_x": Dynamo, "other_x": Unknown} {
+		fams := map[string]*dto.MetricFamily{prefix: {}, "process_cpu_seconds_total": {}}
+		if got := Detect(fams); got != want {
+			t.Errorf("%s: %q, want %q", prefix, got, want)
+		}
+	}
+	// A Dynamo worker exports its engine's names too: the engine wins.
+	if got := Detect(map[string]*dto.MetricFamily{"dynamo_component_requests_total": {}, "vllm:num_requests_running": {}}); got != VLLM {
+		t.Errorf("dynamo worker over vLLM: %q", got)
+	}
+}
+
+// Run stops when its context ends, and scrapes at its interval meanwhile.
+func TestRunIsBounded(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	srv := engineServer(t, "/metrics", "text/plain", func() string {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return "vllm:num_requests_running 1\n"
+	})
+	s := newScraper(t, srv.URL, nil, func(c *config.Engine) { c.Interval = 100 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 450*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not stop")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n < 3 || n > 7 {
+		t.Errorf("%d scrapes in 450 ms at 100 ms", n)
+	}
+}
