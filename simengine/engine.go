@@ -14,7 +14,19 @@
 //   - each decode step takes DecodeBase + DecodePerSeq × running sequences,
 //     with relative Jitter, so per-token time grows with batch occupancy;
 //   - a step stalls (StallDuration) with probability StallProb, like a
-//     preemption or a recompute;
+//     hiccup of the GPU or the host;
+//   - KV cache: every running sequence holds its prompt and generated
+//     tokens, at most KVCapacityTokens together. A waiting request is
+//     admitted only when its tokens fit; when a decode step would need
+//     more, the most recently admitted sequence is preempted (vLLM v1's
+//     FCFS policy): its KV is freed, it goes back to the head of the
+//     queue, and when readmitted it pays the prefill of its prompt and
+//     the tokens it had generated (recompute). Its client sees a stall:
+//     the wait plus the recompute;
+//   - a vLLM-style /metrics (Metrics): vllm:num_requests_running,
+//     vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
+//     vllm:num_preemptions_total, the request outcomes and the engine-side
+//     TTFT and inter-token latency histograms;
 //   - with probability MultiTokenProb an event is held and sent together
 //     with the next token(s), like vLLM's output coalescing;
 //   - with probability ErrorProb a request fails mid-stream with an error
@@ -27,6 +39,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokentap/tokentap/config"
 )
@@ -51,7 +65,12 @@ type seq struct {
 	buffered  []int
 	out       chan simEvent
 	rng       *rand.Rand
+	arrive    time.Time // for the engine-side TTFT
+	lastToken time.Time // for the engine-side inter-token latency
 }
+
+// kv is the tokens a sequence holds in the KV cache.
+func (s *seq) kv() int { return s.prompt + s.generated }
 
 // Engine is the continuous-batching model. Create it with NewEngine and
 // stop it by cancelling the context given to Run.
@@ -63,14 +82,31 @@ type Engine struct {
 	rng     *rand.Rand
 	seeds   uint64
 
-	// observable state, for tests and /metrics-like introspection
+	// observable state, for tests and /metrics
 	running, queued int
+	kvUsed          int    // tokens the running sequences hold
+	preemptions     uint64 // sequences preempted since the start
+
+	m *simMetrics
 }
 
 // NewEngine returns an engine; call Run to start its step loop.
 func NewEngine(cfg Config) *Engine {
 	cfg = cfg.WithDefaults()
-	return &Engine{cfg: cfg, wake: make(chan struct{}, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
+	e := &Engine{cfg: cfg, wake: make(chan struct{}, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
+	e.m = newSimMetrics(e)
+	return e
+}
+
+// Registry holds the engine's vLLM-style metrics (served at /metrics).
+func (e *Engine) Registry() *prometheus.Registry { return e.m.reg }
+
+// KV reports the tokens held in the KV cache, its capacity and the
+// preemptions so far.
+func (e *Engine) KV() (used, capacity int, preemptions uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.kvUsed, e.cfg.KVCapacityTokens, e.preemptions
 }
 
 // Config returns the engine's effective configuration.
@@ -86,7 +122,7 @@ func (e *Engine) submit(ctx context.Context, prompt, maxTokens int, ignoreEOS bo
 	e.seeds++
 	r := rand.New(rand.NewPCG(e.cfg.Seed, e.seeds))
 	s := &seq{ctx: ctx, prompt: prompt, maxTokens: maxTokens, ignoreEOS: ignoreEOS, failAt: -1,
-		out: make(chan simEvent, maxTokens+2), rng: r}
+		out: make(chan simEvent, maxTokens+2), rng: r, arrive: time.Now()}
 	if r.Float64() < e.cfg.ErrorProb && maxTokens > 1 {
 		s.failAt = 1 + r.IntN(maxTokens-1)
 	}
@@ -113,18 +149,42 @@ func (e *Engine) Run(ctx context.Context) {
 	timer.Stop()
 	for {
 		e.mu.Lock()
+		// The running sequences first: each needs one more token of KV
+		// this step; past the capacity the newest is preempted (its KV
+		// freed, back to the head of the queue), never the last one.
+		used := 0
+		for _, s := range running {
+			used += s.kv()
+		}
+		for len(running) > 1 && used+len(running) > e.cfg.KVCapacityTokens {
+			s := running[len(running)-1]
+			running[len(running)-1] = nil
+			running = running[:len(running)-1]
+			used -= s.kv()
+			e.waiting = append([]*seq{s}, e.waiting...)
+			e.preemptions++
+		}
+		// Then admission, while the batch and the KV cache have room; the
+		// admitting step pays the prefill of every token the sequence
+		// holds (its prompt, and what it generated before a preemption).
 		var prefill time.Duration
 		for len(running) < e.cfg.MaxBatch && len(e.waiting) > 0 {
 			s := e.waiting[0]
-			e.waiting = e.waiting[1:]
 			if s.ctx.Err() != nil {
+				e.waiting = e.waiting[1:]
+				e.m.finished("abort")
 				close(s.out)
 				continue
 			}
+			if len(running) > 0 && used+s.kv()+len(running)+1 > e.cfg.KVCapacityTokens {
+				break // no room: it waits for a sequence to finish
+			}
+			e.waiting = e.waiting[1:]
 			running = append(running, s)
-			prefill += e.cfg.PrefillBase + time.Duration(s.prompt)*e.cfg.PrefillPerToken
+			used += s.kv()
+			prefill += e.cfg.PrefillBase + time.Duration(s.kv())*e.cfg.PrefillPerToken
 		}
-		e.running = len(running)
+		e.running, e.queued, e.kvUsed = len(running), len(e.waiting), used
 		e.mu.Unlock()
 		if len(running) == 0 {
 			select {
@@ -155,6 +215,7 @@ func (e *Engine) Run(ctx context.Context) {
 		kept := running[:0]
 		for _, s := range running {
 			if s.ctx.Err() != nil {
+				e.m.finished("abort")
 				close(s.out)
 				continue
 			}
@@ -168,6 +229,12 @@ func (e *Engine) Run(ctx context.Context) {
 			running[i] = nil
 		}
 		running = kept
+		e.mu.Lock()
+		e.running, e.kvUsed = len(running), 0
+		for _, s := range running {
+			e.kvUsed += s.kv()
+		}
+		e.mu.Unlock()
 	}
 }
 
@@ -175,10 +242,12 @@ func (e *Engine) Run(ctx context.Context) {
 func (e *Engine) advance(s *seq) bool {
 	if s.failAt >= 0 && s.generated >= s.failAt {
 		s.out <- simEvent{tokens: s.buffered, err: true}
+		e.m.finished("error")
 		return false
 	}
 	s.generated++
 	s.buffered = append(s.buffered, s.rng.IntN(len(vocabulary)))
+	e.m.token(s, time.Now())
 	finish := ""
 	switch {
 	case s.generated >= s.maxTokens:
@@ -191,6 +260,9 @@ func (e *Engine) advance(s *seq) bool {
 	}
 	s.out <- simEvent{tokens: s.buffered, finish: finish}
 	s.buffered = nil
+	if finish != "" {
+		e.m.finished(finish)
+	}
 	return finish == ""
 }
 

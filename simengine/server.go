@@ -9,23 +9,29 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Server serves the engine over HTTP: POST /v1/chat/completions,
 // POST /v1/completions (with or without the /v1 prefix), GET /health,
-// GET /v1/models. Wire formats follow vLLM's (see
+// GET /v1/models, and GET /metrics (vLLM's metric names, in the
+// Prometheus text format). Wire formats follow vLLM's (see
 // ../shared/research/engine-wire-formats-and-metrics.md §A1): a role chunk
 // with the first token, finish_reason on the last content chunk, the
 // usage chunk with "choices":[] when asked, "data: [DONE]", and an error
 // object as a data event after HTTP 200 for a mid-stream failure.
 type Server struct {
-	Engine *Engine
-	seq    atomic.Uint64
-	now    func() time.Time
+	Engine  *Engine
+	seq     atomic.Uint64
+	now     func() time.Time
+	metrics http.Handler
 }
 
 // NewServer returns a server for e.
-func NewServer(e *Engine) *Server { return &Server{Engine: e, now: time.Now} }
+func NewServer(e *Engine) *Server {
+	return &Server{Engine: e, now: time.Now, metrics: promhttp.HandlerFor(e.Registry(), promhttp.HandlerOpts{})}
+}
 
 type chatRequest struct {
 	Model    string `json:"model"`
@@ -59,6 +65,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case p == "/health" || p == "/v1/health":
 		w.WriteHeader(http.StatusOK)
+	case p == "/metrics" && r.Method == http.MethodGet:
+		s.metrics.ServeHTTP(w, r)
 	case strings.HasSuffix(p, "/models") && r.Method == http.MethodGet:
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"tokentap"}]}`, s.Engine.cfg.Model)
@@ -103,6 +111,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		model = s.Engine.cfg.Model
 	}
 	prompt := req.promptTokens()
+	if prompt >= s.Engine.cfg.KVCapacityTokens {
+		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("the prompt (%d tokens) does not fit the KV cache (%d tokens)", prompt, s.Engine.cfg.KVCapacityTokens))
+		return
+	}
 	sq, ok := s.Engine.submit(r.Context(), prompt, maxTokens, req.IgnoreEOS)
 	if !ok {
 		st := s.Engine.cfg.RejectStatus
