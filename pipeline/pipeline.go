@@ -7,6 +7,7 @@
 //	  1. live observers done            (in-flight gauges)
 //	  2. canary check                   (probe: quality check, rec.Probe)
 //	  3. SLO verdict                    (slo.Judge: classes, stalls, verdicts)
+//	     engine signals                 (engine.Scraper: preemptions during, stall cause)
 //	  4. energy hold                    (gpu.Sampler: energy fields; waits ≤ one interval)
 //	  5. spans end                      (tracing: attributes from the record)
 //	  6. metric backends                (exporter.Map → Prometheus, OTLP; /slo book)
@@ -40,6 +41,9 @@ type Options struct {
 	Models *exporter.ModelLabels
 	// Judge gives the SLO verdict (stage 3); nil judges nothing.
 	Judge *slo.Judge
+	// Engine ties the engine's own signals to the request, right after
+	// the verdict (stage 3); nil: no engine scraper.
+	Engine EngineSignals
 	// Energy holds records for their energy (stage 4); nil: energy off.
 	Energy *gpu.Sampler
 	// Tracer ends the spans (stage 5); nil traces nothing.
@@ -51,6 +55,14 @@ type Options struct {
 	Book *slo.Book
 	// Sinks receive every record last (stage 7).
 	Sinks []record.Sink
+}
+
+// EngineSignals is what the engine scraper (package engine) says about a
+// finished request: the engine's preemptions during its life (-1 when
+// unknown) and what coincided with its stalls, the gaps above
+// stallThreshold ("" when none).
+type EngineSignals interface {
+	Signals(rec *record.Record, stallThreshold time.Duration) (preemptions int, cause string)
 }
 
 // Pipeline runs the stages. Its methods are safe for concurrent use.
@@ -169,6 +181,15 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	if p.o.Judge != nil {
 		v := p.o.Judge.Judge(rec)
 		rec.PromptClass, rec.OutputClass, rec.Stalls, rec.SLO = v.PromptClass, v.OutputClass, v.Stalls, v.SLO
+	}
+	// The engine's signals: its preemptions while the request ran, and
+	// what coincided with the stalls the verdict counted.
+	if p.o.Engine != nil {
+		var th time.Duration
+		if p.o.Judge != nil {
+			th = p.o.Judge.Config().StallThreshold
+		}
+		rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
 	}
 	// 4. Energy: held until the interval the request ended in is
 	// attributed; the rest continues then, on the sampler's goroutine.

@@ -46,20 +46,36 @@ const (
 // API names the request's route, a bounded label.
 type API string
 
-// Routes the tap understands; everything else is APIOther and passes
-// through untouched.
+// The wire formats the tap understands, by route (docs/records.md, api);
+// everything else is APIOther and passes through untouched.
 const (
-	APIChat        API = "chat"
-	APICompletions API = "completions"
-	APIOther       API = "other"
+	APIChat        API = "chat"        // OpenAI Chat Completions
+	APICompletions API = "completions" // OpenAI (legacy) Completions
+	APIResponses   API = "responses"   // OpenAI Responses
+	APIMessages    API = "messages"    // Anthropic Messages
+	// Engines' native APIs.
+	APIOllamaChat         API = "ollama_chat"         // Ollama /api/chat
+	APIOllamaGenerate     API = "ollama_generate"     // Ollama /api/generate
+	APITGIGenerate        API = "tgi_generate"        // TGI /generate_stream, /generate
+	APILlamaCppCompletion API = "llamacpp_completion" // llama.cpp /completion
+	APIOther              API = "other"
 )
 
-// Operation returns the gen_ai.operation.name for the API.
+// APIs lists every API, APIOther last.
+var APIs = []API{APIChat, APICompletions, APIResponses, APIMessages, APIOllamaChat, APIOllamaGenerate,
+	APITGIGenerate, APILlamaCppCompletion, APIOther}
+
+// Operation returns the gen_ai.operation.name for the API: one of the
+// OTel GenAI well-known values (chat, text_completion), so that the
+// label stays bounded. The Responses API is "chat": the OpenAI
+// conventions define no other name for it (they tell it apart with
+// openai.api.type=responses), and the conventions say to use the
+// applicable well-known value then.
 func (a API) Operation() string {
 	switch a {
-	case APIChat:
+	case APIChat, APIResponses, APIMessages, APIOllamaChat:
 		return "chat"
-	case APICompletions:
+	case APICompletions, APIOllamaGenerate, APITGIGenerate, APILlamaCppCompletion:
 		return "text_completion"
 	}
 	return "other"
@@ -102,6 +118,8 @@ type Record struct {
 	UsageInjected bool   // the sidecar asked the engine for usage
 	ResponseModel string
 	ResponseID    string // the engine's id for the completion
+	// Engine holds the durations the engine itself reported (engine_*).
+	Engine EngineTimes
 	// TraceID and SpanID identify the request's inference span when it is
 	// traced and sampled; "" otherwise.
 	TraceID, SpanID string
@@ -144,6 +162,15 @@ type Record struct {
 	// DecodeSOL is the measured decode rate as a fraction of the memory-
 	// bandwidth ceiling (0 when unknown).
 	DecodeSOL float64
+	// PreemptionsDuring is how far the engine's preemption counter
+	// advanced while the request ran, at scrape resolution (package
+	// engine, docs/engine-signals.md): the engine's preemptions of any
+	// sequence, not this request's own. -1 when unknown: no engine
+	// scraper, no scrape yet, or an engine without the counter.
+	PreemptionsDuring int
+	// StallCause is what coincided with the request's stalls, best
+	// effort: preemption, kv_cache_full, queue_spike, or "".
+	StallCause string
 }
 
 // ProbeInfo is what a canary record adds.
@@ -194,7 +221,7 @@ func (r *Record) SetModel(name string) {
 // Reset clears r for reuse, keeping the capacity of its slices.
 func (r *Record) Reset() {
 	ta, tpe := r.TokenAt[:0], r.TokensPerEvent[:0]
-	*r = Record{TokenAt: ta, TokensPerEvent: tpe, InputTokens: -1, OutputTokens: -1, perEventKnown: true}
+	*r = Record{TokenAt: ta, TokensPerEvent: tpe, InputTokens: -1, OutputTokens: -1, PreemptionsDuring: -1, perEventKnown: true}
 }
 
 // New returns a reset record with room for hint token events.
@@ -352,6 +379,10 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	if r.TapFailed != "" {
 		str("tap_failed", r.TapFailed)
 	}
+	if r.ResponseID != "" {
+		str("response_id", r.ResponseID)
+	}
+	b = r.Engine.appendJSON(b)
 	d, ok := r.TTFB()
 	opt("ttfb_ms", d, ok)
 	d, ok = r.TTFT()
@@ -390,6 +421,12 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		num("stalls", int64(r.Stalls))
 		str("prompt_class", r.PromptClass)
 		str("output_class", r.OutputClass)
+	}
+	if r.PreemptionsDuring >= 0 {
+		num("preemptions_during", int64(r.PreemptionsDuring))
+	}
+	if r.StallCause != "" {
+		str("stall_cause", r.StallCause)
 	}
 	if p := r.Probe; p != nil {
 		enc, _ := json.Marshal(map[string]any{"name": p.Name, "scheduled": p.Scheduled.UTC().Format(time.RFC3339Nano),

@@ -283,6 +283,12 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 			attribute.Float64("tokentap.energy_dynamic_j", rec.EnergyDynamicJ),
 			attribute.String("tokentap.energy_source", rec.EnergySource))
 	}
+	if rec.PreemptionsDuring >= 0 {
+		add(attribute.Int("tokentap.preemptions_during", rec.PreemptionsDuring))
+	}
+	if rec.StallCause != "" {
+		add(attribute.String("tokentap.stall_cause", rec.StallCause))
+	}
 	if len(rec.SLO) > 0 {
 		qualified := true
 		var failed []string
@@ -326,8 +332,11 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 		n := 0
 		for i := 1; i < len(rec.TokenAt) && n < MaxStallEvents; i++ {
 			if gap := rec.TokenAt[i] - rec.TokenAt[i-1]; gap > th {
-				cl.AddEvent("tokentap.stall", trace.WithTimestamp(rec.Arrive.Add(rec.TokenAt[i])),
-					trace.WithAttributes(attribute.Float64("tokentap.gap", gap.Seconds())))
+				attrs := []attribute.KeyValue{attribute.Float64("tokentap.gap", gap.Seconds())}
+				if rec.PreemptionsDuring >= 0 { // the request's count: the engine's counter is not per stall
+					attrs = append(attrs, attribute.Int("tokentap.preemptions_during", rec.PreemptionsDuring))
+				}
+				cl.AddEvent("tokentap.stall", trace.WithTimestamp(rec.Arrive.Add(rec.TokenAt[i])), trace.WithAttributes(attrs...))
 				n++
 			}
 		}
