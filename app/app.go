@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/engine"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/pipeline"
@@ -137,6 +138,7 @@ type Sidecar struct {
 	upstream *url.URL
 	records  *record.File
 	sampler  *gpu.Sampler
+	engine   *engine.Scraper // nil when engine.enabled is off
 	proxy    *proxy.Proxy
 	ready    *readiness
 	prober   *probe.Prober
@@ -244,10 +246,22 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		log.Info("tracing on", "keep", cfg.Tracing.Keep)
 	}
 
+	// The engine's own metrics, scraped beside what clients feel
+	// (docs/engine-signals.md); the simulator is labelled as such.
+	var signals pipeline.EngineSignals
+	if cfg.Engine.Enabled != "off" {
+		ecfg := cfg.Engine
+		if s.addrs.Simulated && (ecfg.Kind == "" || ecfg.Kind == "auto") {
+			ecfg.Kind = string(engine.Simulator)
+		}
+		s.engine = engine.New(engine.Options{Config: ecfg, Upstream: up, Registry: metrics.Registry, Logger: log})
+		signals = s.engine
+	}
+
 	// The end-of-request pipeline (package pipeline draws its stages).
 	book := slo.NewBook(cfg.SLO, metrics.Registry)
 	pipe := pipeline.New(pipeline.Options{
-		Live: metrics, Models: metrics.Models(), Judge: judge, Energy: s.sampler, Tracer: tracer,
+		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
 		Prometheus: metrics, OTLP: otlp, Book: book, Sinks: sinks,
 	})
 
@@ -390,6 +404,15 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	} else {
 		close(samplerDone)
 	}
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	defer stopEngine()
+	engineDone := make(chan struct{})
+	if s.engine != nil {
+		go func() { s.engine.Run(engineCtx); close(engineDone) }()
+	} else {
+		close(engineDone)
+	}
+	go keepUpstreamUp(engineCtx, s.ready) // tokentap_upstream_up, for the alert (docs/alerts.md)
 	modelsCtx, stopModels := context.WithCancel(context.Background())
 	defer stopModels()
 	go refreshModels(modelsCtx, s.upstream, s.metrics.Models(), log)
@@ -448,6 +471,8 @@ wait:
 		}
 		dcancel()
 	}
+	stopEngine() // after the last streams: their records had the engine's history
+	<-engineDone
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone
 	s.closeRecords(10 * time.Second)
@@ -459,6 +484,24 @@ wait:
 		runErr = fmt.Errorf("shutdown: %d streams were still running after the %v grace period; they were cut and recorded as error/shutdown", cut, cfg.ShutdownGrace)
 	}
 	return runErr
+}
+
+// keepUpstreamUp checks the upstream's health every 5 s, so that
+// tokentap_upstream_up is current even when nothing polls /readyz (the
+// TokentapUpstreamDown alert reads it). The check is the /readyz one,
+// rate-limited to one a second.
+func keepUpstreamUp(ctx context.Context, r *readiness) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	r.check(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.check(ctx)
+		}
+	}
 }
 
 // closeRecords drains, fsyncs and closes the records file (once).
