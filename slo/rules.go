@@ -159,6 +159,7 @@ func Rules(p RuleParams) ruleFile {
 	return ruleFile{Groups: []ruleGroup{
 		{Name: "tokentap-slo-recording", Rules: rec},
 		{Name: "tokentap-slo-alerts", Rules: alerts},
+		{Name: "tokentap-engine-alerts", Rules: engineAlerts(rng)}, // engine_rules.go
 	}}
 }
 
