@@ -1,0 +1,399 @@
+package dashboards
+
+import "fmt"
+
+// boards are the dashboards, in the order of the file list.
+func boards() []board {
+	return []board{sloBoard(), latencyBoard(), energyBoard(), canaryBoard(), engineBoard(), sidecarBoard()}
+}
+
+var tags = []string{"tokentap"}
+
+// fleet notes that a panel reads a recording rule, which aggregates every
+// sidecar that Prometheus scrapes.
+const fleet = " Recording rules sum every scraped sidecar by SLO (docs/slo.md, recording rules), so the namespace, pod and instance selectors do not filter this panel."
+
+// ---------------------------------------------------------------------------
+// SLO & goodput
+
+func burn(window string) target {
+	return target{
+		expr:   fmt.Sprintf(`slo:tokentap_error_lower95:ratio%s{slo=~"$slo"} / on (slo) (1 - max by (slo) (tokentap_slo_target{`+selSLO+`}))`, window),
+		legend: "{{slo}} " + window,
+	}
+}
+
+func sloBoard() board {
+	return board{
+		file: "tokentap-slo.json", uid: "tokentap-slo", title: "tokentap / SLO & goodput", tags: tags,
+		desc: "SLO attainment with its 95% Wilson bounds, goodput and why requests failed (docs/measurement.md §5, docs/slo.md).",
+		vars: []string{"slo", "model"},
+		rows: []row{
+			{title: "Attainment", panels: []panel{
+				{kind: kStat, title: "Attainment, last 1h (fleet)", unit: "percentunit", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc: "Attainment = qualified / offered over the last hour, per SLO: the recording rule slo:tokentap_attainment:ratio1h. " +
+						"A request qualifies when it succeeded and met every applicable threshold; errors, rejections, timeouts and (by default) cancellations stay in the denominator (docs/measurement.md §5)." + fleet,
+					targets: []target{{expr: `slo:tokentap_attainment:ratio1h{slo=~"$slo"}`, legend: "{{slo}}"}}},
+				{kind: kStat, title: "Attainment lower bound (95%), last 1h (fleet)", unit: "percentunit", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc:    "The one-sided 95% Wilson lower bound of the last hour's attainment (slo:tokentap_attainment_lower95:ratio1h): at or above the target, the SLO is proven met; 20 good requests out of 20 prove only 88% (docs/measurement.md §5)." + fleet,
+					targets: []target{{expr: `slo:tokentap_attainment_lower95:ratio1h{slo=~"$slo"}`, legend: "{{slo}}"}}},
+				{kind: kStat, title: "Target", unit: "percentunit", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc:    "The declared attainment target of each SLO (tokentap_slo_target, the largest across the selected sidecars; docs/slo.md, metrics).",
+					targets: []target{{expr: `max by (slo) (tokentap_slo_target{` + selSLO + `})`, legend: "{{slo}}"}}},
+				{kind: kStat, title: "Offered requests, last 1h (fleet)", unit: "short", w: 6, h: 6,
+					desc:    "Offered: every in-scope request that arrived in the last hour, whatever its outcome (slo:tokentap_offered:increase1h, the attainment's denominator; docs/measurement.md §5). Few requests give wide bounds." + fleet,
+					targets: []target{{expr: `slo:tokentap_offered:increase1h{slo=~"$slo"}`, legend: "{{slo}}"}}},
+				{title: "Attainment with 95% Wilson bounds vs target (1h window, fleet)", unit: "percentunit", w: 24, h: 9, max: fp(1),
+					desc: "Per SLO over a sliding 1h window: the point estimate qualified/offered (slo:tokentap_attainment:ratio1h), the Wilson 95% lower bound (…attainment_lower95…), " +
+						"the upper bound (1 − slo:tokentap_error_lower95:ratio1h) and the declared target (docs/measurement.md §5). The alerts compare the upper bound with the target: it fires only when the SLO is missed with 95% confidence." + fleet,
+					targets: []target{
+						{expr: `slo:tokentap_attainment:ratio1h{slo=~"$slo"}`, legend: "{{slo}} attainment"},
+						{expr: `slo:tokentap_attainment_lower95:ratio1h{slo=~"$slo"}`, legend: "{{slo}} lower 95%"},
+						{expr: `1 - slo:tokentap_error_lower95:ratio1h{slo=~"$slo"}`, legend: "{{slo}} upper 95%"},
+						{expr: `max by (slo) (tokentap_slo_target{` + selSLO + `})`, legend: "{{slo}} target"},
+					}},
+				{title: "Attainment by window (fleet)", unit: "percentunit", w: 12, h: 8, max: fp(1),
+					desc: "The attainment point estimate qualified/offered over windows of 5m, 1h and 1d (slo:tokentap_attainment:ratio<W>; docs/measurement.md §5). Short windows react, long windows are what the budget is measured against." + fleet,
+					targets: []target{
+						{expr: `slo:tokentap_attainment:ratio5m{slo=~"$slo"}`, legend: "{{slo}} 5m"},
+						{expr: `slo:tokentap_attainment:ratio1h{slo=~"$slo"}`, legend: "{{slo}} 1h"},
+						{expr: `slo:tokentap_attainment:ratio1d{slo=~"$slo"}`, legend: "{{slo}} 1d"},
+					}},
+				{title: "Error-budget burn rate (95% bound)", unit: "x", w: 12, h: 8, min: fp(0), thresholds: []float64{1, 6, 14.4},
+					desc: "Burn rate = the Wilson 95% lower bound of the error ratio over a window (slo:tokentap_error_lower95:ratio<W>) divided by the error budget 1 − target. " +
+						"1× spends a 30-day budget in 30 days; the fast-burn alert needs 14.4× over 1h and 5m (or 6× over 6h and 30m), the slow burn 3× over 1d and 2h (or 1× over 3d and 6h) (docs/slo.md, alerts; docs/measurement.md §5)." + fleet,
+					targets: []target{burn("5m"), burn("1h"), burn("6h"), burn("3d")}},
+			}},
+			{title: "Goodput", panels: []panel{
+				{title: "Goodput: qualified requests/s", unit: "reqps", w: 8, h: 8, min: fp(0),
+					desc:    "Goodput in requests: the rate of requests that qualified for each SLO, from tokentap_slo_qualified_requests_total of the selected sidecars (docs/measurement.md §5, goodput). The recording rule slo:tokentap_goodput_requests:rate5m is the same sum over the whole fleet.",
+					targets: []target{{expr: `sum by (slo) (rate(tokentap_slo_qualified_requests_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}}"}}},
+				{title: "Goodput: output tokens/s of qualified requests", unit: "short", w: 8, h: 8, min: fp(0),
+					desc: "Goodput in tokens: output tokens per second of the requests that qualified for each SLO (tokentap_slo_qualified_output_tokens_total; docs/measurement.md §5; a qualified request whose token count is unknown adds nothing), " +
+						"next to all live output tokens/s of the selected models (gen_ai_client_inference_usage_output_tokens_total, docs/metrics.md). The gap between them is throughput that did not meet the SLO.",
+					targets: []target{
+						{expr: `sum by (slo) (rate(tokentap_slo_qualified_output_tokens_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} goodput"},
+						{expr: `sum(rate(gen_ai_client_inference_usage_output_tokens_total{` + selLive + `}[` + ri + `]))`, legend: "all live output tokens/s"},
+					}},
+				{title: "Offered vs qualified requests/s", unit: "reqps", w: 8, h: 8, min: fp(0),
+					desc: "Offered (every in-scope request that arrived: tokentap_slo_requests_total) and qualified (tokentap_slo_qualified_requests_total) requests per second, per SLO, for the selected sidecars (docs/measurement.md §5).",
+					targets: []target{
+						{expr: `sum by (slo) (rate(tokentap_slo_requests_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} offered"},
+						{expr: `sum by (slo) (rate(tokentap_slo_qualified_requests_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} qualified"},
+					}},
+				{title: "Goodput, 5m (fleet)", unit: "reqps", w: 12, h: 8, min: fp(0), rightAxis: "tokens/s$", rightUnit: "short",
+					desc: "The recording rules slo:tokentap_goodput_requests:rate5m (qualified requests/s) and slo:tokentap_goodput_tokens:rate5m (output tokens/s of qualified requests), per SLO (docs/measurement.md §5)." + fleet,
+					targets: []target{
+						{expr: `slo:tokentap_goodput_requests:rate5m{slo=~"$slo"}`, legend: "{{slo}} requests/s"},
+						{expr: `slo:tokentap_goodput_tokens:rate5m{slo=~"$slo"}`, legend: "{{slo}} tokens/s"},
+					}},
+				{title: "Fluidity score, p10 and p50", unit: "percentunit", w: 12, h: 8, max: fp(1),
+					desc:    "The per-request fluidity score (1 − missed deadlines / deadlines under the SLO's schedule D + i·c; docs/measurement.md §6), request-weighted, from the tokentap_fluidity_ratio histogram. Low quantiles matter: p10 is the fluidity that 90% of requests beat. Only SLOs that declare a fluidity threshold have it.",
+					targets: append(quantiles("tokentap_fluidity_ratio", selSLO, "slo", "{{slo}} ", "0.1"), quantiles("tokentap_fluidity_ratio", selSLO, "slo", "{{slo}} ", "0.5")...)},
+			}},
+			{title: "Why requests failed", panels: []panel{
+				{kind: kBarGauge, title: "Top failing thresholds (dashboard range)", unit: "short", w: 8, h: 9,
+					desc:    "The 10 (SLO, reason) pairs with the most failed requests over the dashboard's time range: increase of tokentap_slo_failures_total. The reason is a threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens) or the outcome (error, rejected, timeout, cancelled); a request that fails two thresholds counts under both (docs/measurement.md §5, docs/slo.md).",
+					targets: []target{{expr: `topk(10, sum by (slo, threshold) (increase(tokentap_slo_failures_total{` + selSLO + `}[$__range])))`, legend: "{{slo}} {{threshold}}", instant: true}}},
+				{title: "Failures by reason, requests/s", unit: "reqps", w: 10, h: 9, min: fp(0), stack: true,
+					desc:    "Rate of non-qualified requests by SLO and reason (tokentap_slo_failures_total; docs/measurement.md §5). Stacked; a request failing two thresholds appears twice.",
+					targets: []target{{expr: `sum by (slo, threshold) (rate(tokentap_slo_failures_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} {{threshold}}"}}},
+				{title: "Excluded from the denominator, requests/s", unit: "reqps", w: 6, h: 9, min: fp(0),
+					desc:    "In-scope requests excluded by a declared option (today: client cancellations under count_cancelled: false), by SLO and reason (tokentap_slo_excluded_total; docs/measurement.md §5). Never silently dropped: they are counted here.",
+					targets: []target{{expr: `sum by (slo, reason) (rate(tokentap_slo_excluded_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} {{reason}}"}}},
+			}},
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Latency as users feel it
+
+func latencyPanel(title, metric, def string, w uint32) panel {
+	return panel{title: title, unit: "s", w: w, h: 8, min: fp(0), desc: def,
+		targets: quantiles(metric, selT, "", "", "0.5", "0.9", "0.95", "0.99")}
+}
+
+func latencyBoard() board {
+	return board{
+		file: "tokentap-latency.json", uid: "tokentap-latency", title: "tokentap / Latency as users feel it", tags: tags,
+		desc: "TTFT, TTFOT, ITL (token-weighted), TPOT (request-weighted), E2E and outcomes, measured at the sidecar on the bytes the client receives (docs/measurement.md §1-§4, docs/metrics.md). Percentiles are computed across the fleet from native histograms where Prometheus has them, classic buckets otherwise.",
+		vars: []string{"model", "traffic"},
+		rows: []row{
+			{title: "First token", panels: []panel{
+				latencyPanel("TTFT p50/p90/p95/p99 (request-weighted)", "gen_ai_server_time_to_first_token_seconds",
+					"Time to first token = t_first_token − t_arrive, one observation per streamed request that produced a token; the first token is the first event carrying generated output (content, reasoning or tool calls), never a role-only chunk (docs/measurement.md §3, docs/metrics.md: gen_ai_server_time_to_first_token_seconds). Quantiles over the selected sidecars, models and traffic.", 12),
+				latencyPanel("TTFOT p50/p90/p95/p99 (request-weighted)", "tokentap_time_to_first_output_token_seconds",
+					"Time to first output token = t_first_output_token − t_arrive: the first user-visible content or tool call, reasoning excluded (docs/measurement.md §3, docs/metrics.md: tokentap_time_to_first_output_token_seconds). Equal to TTFT for models that do not reason.", 12),
+				{title: "TTFT p95 by model", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "The 95th percentile of TTFT (docs/measurement.md §3) per gen_ai_request_model, request-weighted (docs/measurement.md §4).",
+					targets: []target{{expr: hq("0.95", "gen_ai_server_time_to_first_token_seconds", selT, "gen_ai_request_model"), legend: "{{gen_ai_request_model}}"}}},
+				{title: "TTFT p90 by prompt class (prefill cost)", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "The 90th percentile of TTFT per prompt class (request classes by usage.prompt_tokens, declared in slo.prompt_classes): the prefill cost per class (docs/slo.md, metrics: tokentap_time_to_first_token_by_class_seconds; docs/measurement.md §3).",
+					targets: []target{{expr: hq("0.9", "tokentap_time_to_first_token_by_class_seconds", selT, "prompt_class"), legend: "{{prompt_class}}"}}},
+				{kind: kHeatmap, title: "TTFT distribution (heatmap)", unit: "s", w: 12, h: 8,
+					desc:    "The distribution of TTFT (docs/measurement.md §3) per time slice: requests per bucket of gen_ai_server_time_to_first_token_seconds, native histogram where available, classic buckets otherwise.",
+					targets: []target{{expr: hmap("gen_ai_server_time_to_first_token_seconds", selT), legend: "{{le}}"}}},
+				latencyPanel("TTFB p50/p90/p95/p99 (request-weighted)", "tokentap_time_to_first_byte_seconds",
+					"Time to first byte = t_first_byte − t_arrive: the first response body byte read from the engine, for every request that got a body, streamed or not (docs/measurement.md §3, docs/metrics.md: tokentap_time_to_first_byte_seconds).", 12),
+			}},
+			{title: "Between tokens", panels: []panel{
+				latencyPanel("ITL p50/p90/p95/p99 (token-weighted)", "tokentap_inter_token_latency_seconds",
+					"Inter-token latency, token-weighted: one observation per gap between consecutive token-bearing events, so long answers weigh more; an event carrying k tokens is one gap, never divided by k (docs/measurement.md §2-§4, docs/metrics.md: tokentap_inter_token_latency_seconds). Answers 'how smooth was a typical gap'.", 12),
+				latencyPanel("TPOT p50/p90/p95/p99 (request-weighted)", "gen_ai_server_time_per_output_token_seconds",
+					"Time per output token = (t_last_token − t_first_token) / (n − 1), one value per streamed request with n ≥ 2 tokens (undefined, not zero, below that), request-weighted (docs/measurement.md §3-§4, docs/metrics.md: gen_ai_server_time_per_output_token_seconds). Answers 'how fast was a typical request'.", 12),
+				{kind: kHeatmap, title: "ITL distribution (heatmap, token-weighted)", unit: "s", w: 12, h: 8,
+					desc:    "The distribution of inter-token gaps (docs/measurement.md §2-§4) per time slice: gaps per bucket of tokentap_inter_token_latency_seconds, token-weighted; native histogram where available, classic buckets otherwise.",
+					targets: []target{{expr: hmap("tokentap_inter_token_latency_seconds", selT), legend: "{{le}}"}}},
+				{title: "TPOT p90 by output class", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "The 90th percentile of TPOT (docs/measurement.md §3) per output class (request classes by output tokens, slo.output_classes; docs/slo.md, metrics: tokentap_time_per_output_token_by_class_seconds).",
+					targets: []target{{expr: hq("0.9", "tokentap_time_per_output_token_by_class_seconds", selT, "output_class"), legend: "{{output_class}}"}}},
+				{title: "Largest gap per request, p50/p99", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "max_itl: each streamed request's largest gap between token-bearing events, request-weighted (docs/measurement.md §6, tokentap_max_inter_token_gap_seconds). A mean hides a pause; this does not.",
+					targets: quantiles("tokentap_max_inter_token_gap_seconds", selT, "", "", "0.5", "0.99")},
+				{title: "Stalls/s and mean stalls per request", unit: "short", w: 12, h: 8, min: fp(0), rightAxis: "per request$", rightUnit: "short",
+					desc: "Stalls are gaps between token events longer than slo.stall_threshold (default 1 s; docs/measurement.md §6). Left: stalls per second (rate of the sum of tokentap_stalls_per_request); right: mean stalls per streamed request (sum / count).",
+					targets: []target{
+						{expr: hsum("tokentap_stalls_per_request", selT, ""), legend: "stalls/s"},
+						{expr: "(" + hsum("tokentap_stalls_per_request", selT, "") + ") / (" + hcount("tokentap_stalls_per_request", selT, "") + ")", legend: "stalls per request"},
+					}},
+			}},
+			{title: "End to end and outcomes", panels: []panel{
+				latencyPanel("E2E p50/p90/p95/p99 (request-weighted)", "gen_ai_server_request_duration_seconds",
+					"End-to-end latency = t_terminal − t_arrive for every request, any outcome; t_terminal is the end marker, a clean EOF, an error event, a cancel or a timeout, so this is not the last token's latency (docs/measurement.md §3, docs/metrics.md: gen_ai_server_request_duration_seconds).", 12),
+				{title: "Outcomes, requests/s", unit: "reqps", w: 12, h: 8, min: fp(0), stack: true,
+					desc:    "Requests per second by outcome: success, error, rejected (429/503 admission refusals), cancelled (the client left), timeout; every request gets exactly one (docs/measurement.md §3, docs/metrics.md: tokentap_requests_total, outcomes).",
+					targets: []target{{expr: `sum by (outcome) (rate(tokentap_requests_total{` + selT + `}[` + ri + `]))`, legend: "{{outcome}}"}}},
+				{title: "Failed requests by error type, requests/s", unit: "reqps", w: 12, h: 8, min: fp(0), stack: true,
+					desc:    "Requests per second that did not succeed, by the bounded error_type (http_4xx, http_5xx, rejected, stream_error, malformed_stream, upstream_reset, upstream_unreachable, incomplete_stream, shutdown, timeout, cancelled), from the observation count of gen_ai_server_request_duration_seconds (docs/measurement.md §3, error types).",
+					targets: []target{{expr: hcount("gen_ai_server_request_duration_seconds", selT+`, error_type!=""`, "error_type"), legend: "{{error_type}}"}}},
+				{title: "Throughput: requests/s and output tokens/s", unit: "reqps", w: 12, h: 8, min: fp(0), rightAxis: "tokens/s$", rightUnit: "short",
+					desc: "Requests that reached their outcome per second (tokentap_requests_total) and output tokens per second from the best token source (gen_ai_client_inference_usage_output_tokens_total; docs/measurement.md §2, docs/metrics.md). Throughput alone hides the tail: read it with the percentiles above.",
+					targets: []target{
+						{expr: `sum(rate(tokentap_requests_total{` + selT + `}[` + ri + `]))`, legend: "requests/s"},
+						{expr: `sum(rate(gen_ai_client_inference_usage_output_tokens_total{` + selT + `}[` + ri + `]))`, legend: "output tokens/s"},
+					}},
+			}},
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Energy
+
+const (
+	energyRate = `sum(rate(tokentap_gpu_energy_joules_total{` + sel + `}[` + ri + `]))`
+	liveTokens = `sum(rate(gen_ai_client_inference_usage_output_tokens_total{` + sel + `, traffic="live"}[` + ri + `]))`
+)
+
+func energyBoard() board {
+	return board{
+		file: "tokentap-energy.json", uid: "tokentap-energy", title: "tokentap / Energy", tags: tags,
+		desc: "GPU energy from NVML, joules per output token (total and above the idle baseline), power per GPU and the decode speed of light (docs/measurement.md §8, docs/energy.md). Empty when energy is off: see the state panel.",
+		vars: []string{"model"},
+		rows: []row{
+			{title: "Joules per token", panels: []panel{
+				{kind: kStat, title: "Energy measurement on", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc:    "tokentap_energy_enabled per sidecar: 1 when NVML energy is measured, 0 when it is off; tokentap_energy_info{state,reason} says why (nvml_unavailable, no_cgo, no_devices, disabled) (docs/energy.md).",
+					targets: []target{{expr: `tokentap_energy_enabled{` + sel + `}`, legend: "{{instance}}"}}},
+				{title: "J per output token: total and dynamic", unit: "J", w: 18, h: 8, min: fp(0),
+					desc: "Per window (docs/measurement.md §8): total J/token = rate of tokentap_gpu_energy_joules_total / rate of live output tokens; dynamic J/token takes the idle baseline (tokentap_gpu_idle_power_watts) out of the power first. " +
+						"Energy is per GPU, not per model, so the model selector does not apply. With a trickle of tokens the total is mostly idle power: read the dynamic figure and the idle share with it (docs/energy.md).",
+					targets: []target{
+						{expr: energyRate + ` / ` + liveTokens, legend: "total J/token"},
+						{expr: `(` + energyRate + ` - sum(tokentap_gpu_idle_power_watts{` + sel + `})) / ` + liveTokens, legend: "dynamic J/token"},
+					}},
+				{title: "Per-request J/token, p50 and p90 by model", unit: "J", w: 12, h: 8, min: fp(0),
+					desc: "The distribution of each request's attributed energy divided by its output tokens (tokentap_request_energy_per_token_joules, request-weighted): each interval's energy is shared among the requests in flight by their tokens, prefill weighted 0.1 per prompt token (docs/measurement.md §8, attribution). " +
+						"A request's joules (energy_j) are in its record, not a metric.",
+					targets: append(quantiles("tokentap_request_energy_per_token_joules", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.5"),
+						quantiles("tokentap_request_energy_per_token_joules", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.9")...)},
+				{kind: kHeatmap, title: "Per-request J/token distribution (heatmap)", unit: "J", w: 12, h: 8,
+					desc:    "Requests per bucket of per-request J/token (tokentap_request_energy_per_token_joules; docs/measurement.md §8), native histogram where available, classic buckets otherwise.",
+					targets: []target{{expr: hmap("tokentap_request_energy_per_token_joules", selM), legend: "{{le}}"}}},
+			}},
+			{title: "Power", panels: []panel{
+				{title: "Power per GPU", unit: "watt", w: 12, h: 8, min: fp(0),
+					desc: "Per GPU: NVML's power reading (tokentap_gpu_power_watts: the instant reading where the driver has it, else NVML's average) and the mean power from the energy counter (rate of tokentap_gpu_energy_joules_total) (docs/energy.md, what is measured; docs/measurement.md §8).",
+					targets: []target{
+						{expr: `tokentap_gpu_power_watts{` + sel + `}`, legend: "{{instance}} GPU {{gpu}} reading"},
+						{expr: `sum by (instance, gpu) (rate(tokentap_gpu_energy_joules_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} GPU {{gpu}} from energy"},
+					}},
+				{title: "Idle baseline and power in use", unit: "watt", w: 12, h: 8, min: fp(0),
+					desc: "The idle baseline of each sidecar's selected GPUs (tokentap_gpu_idle_power_watts: configured, or learned from intervals with no request in flight), against their total mean power (docs/measurement.md §8, idle baseline).",
+					targets: []target{
+						{expr: `sum by (instance) (tokentap_gpu_idle_power_watts{` + sel + `})`, legend: "{{instance}} idle baseline"},
+						{expr: `sum by (instance) (rate(tokentap_gpu_energy_joules_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} total"},
+					}},
+				{title: "Where the joules went", unit: "watt", w: 12, h: 8, min: fp(0), stack: true,
+					desc: "Every joule is counted once as idle (no request in flight), attributed (shared among requests by tokens) or unattributed (requests in flight but no token: a long prefill, a stall) (docs/measurement.md §8; tokentap_energy_*_joules_total). Stacked, as watts.",
+					targets: []target{
+						{expr: `sum(rate(tokentap_energy_attributed_joules_total{` + sel + `}[` + ri + `]))`, legend: "attributed"},
+						{expr: `sum(rate(tokentap_energy_unattributed_joules_total{` + sel + `}[` + ri + `]))`, legend: "unattributed"},
+						{expr: `sum(rate(tokentap_energy_idle_joules_total{` + sel + `}[` + ri + `]))`, legend: "idle"},
+					}},
+				{title: "Idle share of the energy", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1),
+					desc:    "Idle joules / all joules (tokentap_energy_idle_joules_total / tokentap_gpu_energy_joules_total). A high share means J/token mostly measures idling (docs/energy.md, PromQL for J/token panels).",
+					targets: []target{{expr: `sum(rate(tokentap_energy_idle_joules_total{` + sel + `}[` + ri + `])) / ` + energyRate, legend: "idle share"}}},
+				{title: "GPU utilisation and temperature", unit: "percentunit", w: 12, h: 8, min: fp(0), rightAxis: "°C$", rightUnit: "celsius",
+					desc: "NVML's GPU utilisation (tokentap_gpu_utilization_ratio) and temperature (tokentap_gpu_temperature_celsius), per GPU (docs/energy.md, metrics).",
+					targets: []target{
+						{expr: `tokentap_gpu_utilization_ratio{` + sel + `}`, legend: "{{instance}} GPU {{gpu}} utilisation"},
+						{expr: `tokentap_gpu_temperature_celsius{` + sel + `}`, legend: "{{instance}} GPU {{gpu}} °C"},
+					}},
+				{title: "Sampling health", unit: "short", w: 12, h: 8, min: fp(0),
+					desc: "How late the last NVML sample was (tokentap_energy_sampling_lag_seconds), and per-second rates of failed GPU reads (tokentap_gpu_read_errors_total) and counter wraps or resets (tokentap_gpu_energy_counter_resets_total) (docs/energy.md, what is measured).",
+					targets: []target{
+						{expr: `max by (instance) (tokentap_energy_sampling_lag_seconds{` + sel + `})`, legend: "{{instance}} sampling lag (s)"},
+						{expr: `sum by (instance) (rate(tokentap_gpu_read_errors_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} read errors/s"},
+						{expr: `sum by (instance) (rate(tokentap_gpu_energy_counter_resets_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} counter resets/s"},
+					}},
+			}},
+			{title: "Decode speed of light", panels: []panel{
+				{title: "Decode speed-of-light ratio, p50 and p90 by model", unit: "percentunit", w: 12, h: 8, min: fp(0),
+					desc: "Per request: the measured decode rate 1/TPOT divided by the memory-bandwidth ceiling at its mean decode context, bandwidth / (weights + context × KV bytes per token) (docs/measurement.md §8, decode speed of light; tokentap_decode_speed_of_light_ratio). Needs energy on and the model's sizes in config; batching lowers it while raising throughput, so read it at low load.",
+					targets: append(quantiles("tokentap_decode_speed_of_light_ratio", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.5"),
+						quantiles("tokentap_decode_speed_of_light_ratio", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.9")...)},
+				{title: "Decode ceiling at zero context", unit: "short", w: 12, h: 8, min: fp(0),
+					desc:    "The single-request decode ceiling in tokens/s at zero context, per model: peak memory bandwidth of the selected GPUs / weight bytes (tokentap_decode_ceiling_tokens_per_second; docs/measurement.md §8). The sidecars' peak bandwidth (tokentap_gpu_peak_memory_bandwidth_bytes_per_second) is not plotted.",
+					targets: []target{{expr: `max by (gen_ai_request_model) (tokentap_decode_ceiling_tokens_per_second{` + selM + `})`, legend: "{{gen_ai_request_model}} tokens/s"}}},
+			}},
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Canary
+
+func canaryBoard() board {
+	return board{
+		file: "tokentap-canary.json", uid: "tokentap-canary", title: "tokentap / Canary", tags: tags,
+		desc: "The open-loop canary probes: a fixed request at a fixed schedule, measured by the same code as live traffic (docs/measurement.md §7, docs/probe.md).",
+		vars: []string{"probe"},
+		rows: []row{
+			{title: "Success", panels: []panel{
+				{kind: kStat, title: "Last probe succeeded", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc:    "probe_success: 1 if the last probe succeeded (outcome success and every quality check passed), else 0, per probe and sidecar (docs/probe.md, metrics; docs/measurement.md §7).",
+					targets: []target{{expr: `probe_success{` + selProbe + `}`, legend: "{{probe}} {{instance}}"}}},
+				{kind: kStat, title: "Consecutive failures", w: 6, h: 6, min: fp(0), thresholds: []float64{1, 3},
+					desc:    "Failed or not-sent probes in a row (tokentap_probe_consecutive_failures). With probes.ready_after_failures K, /readyz turns unready at K (docs/probe.md, readiness).",
+					targets: []target{{expr: `max by (probe) (tokentap_probe_consecutive_failures{` + selProbe + `})`, legend: "{{probe}}"}}},
+				{title: "Success ratio", unit: "percentunit", w: 12, h: 6, min: fp(0), max: fp(1),
+					desc:    "Successful probes / all probe results (success, failed, not_sent) per probe, from tokentap_probe_results_total (docs/measurement.md §7). A fast wrong answer is a failure.",
+					targets: []target{{expr: `sum by (probe) (rate(tokentap_probe_results_total{` + selProbe + `, result="success"}[` + ri + `])) / sum by (probe) (rate(tokentap_probe_results_total{` + selProbe + `}[` + ri + `]))`, legend: "{{probe}}"}}},
+				{title: "Results per second", unit: "short", w: 12, h: 8, min: fp(0), stack: true,
+					desc:    "Probe results by probe and result: success, failed, not_sent (tokentap_probe_results_total). Scheduled = success + failed + not_sent + in flight (docs/probe.md; docs/measurement.md §7).",
+					targets: []target{{expr: `sum by (probe, result) (rate(tokentap_probe_results_total{` + selProbe + `}[` + ri + `]))`, legend: "{{probe}} {{result}}"}}},
+				{title: "Quality failures per second, by check", unit: "short", w: 12, h: 8, min: fp(0), stack: true,
+					desc:    "Probes whose answer failed a quality check, by check: contains, regex, exact, json_schema, finish_reason, output_tokens (tokentap_probe_quality_failures_total; docs/measurement.md §7, docs/probe.md).",
+					targets: []target{{expr: `sum by (probe, check) (rate(tokentap_probe_quality_failures_total{` + selProbe + `}[` + ri + `]))`, legend: "{{probe}} {{check}}"}}},
+			}},
+			{title: "Latency and schedule", panels: []panel{
+				{title: "Canary TTFT and E2E, p50/p95", unit: "s", w: 12, h: 8, min: fp(0),
+					desc: "TTFT and E2E (docs/measurement.md §3) of the canary's requests (traffic=\"canary\"), per probe: the calibration line against which live latency is read (docs/probe.md, same measurement as live traffic).",
+					targets: append(quantiles("gen_ai_server_time_to_first_token_seconds", selCanary, "probe", "{{probe}} TTFT ", "0.5", "0.95"),
+						quantiles("gen_ai_server_request_duration_seconds", selCanary, "probe", "{{probe}} E2E ", "0.5", "0.95")...)},
+				{title: "Last probe's duration", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "probe_duration_seconds: E2E of the last probe sent, per probe and sidecar (docs/probe.md, metrics).",
+					targets: []target{{expr: `probe_duration_seconds{` + selProbe + `}`, legend: "{{probe}} {{instance}}"}}},
+				{title: "Schedule lag p50/p99", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "sent − scheduled of each probe (tokentap_probe_schedule_lag_seconds): the probe is open-loop, so a delayed scheduler sends late rather than skipping, and the lateness shows here (docs/measurement.md §7).",
+					targets: quantiles("tokentap_probe_schedule_lag_seconds", selProbe, "probe", "{{probe}} ", "0.5", "0.99")},
+				{title: "Not sent, per second", unit: "short", w: 12, h: 8, min: fp(0),
+					desc:    "Scheduled instants that found max_concurrent probes still in flight (concurrency_cap) or came at shutdown: recorded as not_sent, never dropped (tokentap_probe_not_sent_total; docs/measurement.md §7).",
+					targets: []target{{expr: `sum by (probe, reason) (rate(tokentap_probe_not_sent_total{` + selProbe + `}[` + ri + `]))`, legend: "{{probe}} {{reason}}"}}},
+			}},
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Engine
+
+func engineBoard() board {
+	return board{
+		file: "tokentap-engine.json", uid: "tokentap-engine", title: "tokentap / Engine", tags: tags,
+		desc: "The engine's own signals as the sidecar reads them (running and waiting requests, KV cache, preemptions), beside what the sidecar measures (in-flight requests, stalls) (docs/metrics.md).",
+		vars: []string{"model"},
+		rows: []row{
+			{title: "Scheduler", panels: []panel{
+				{title: "Running and waiting requests (engine) vs in flight (sidecar)", unit: "short", w: 12, h: 8, min: fp(0),
+					desc: "The engine's running and waiting (queued) requests (tokentap_engine_requests_running, tokentap_engine_requests_waiting; docs/metrics.md), and the requests in flight through the sidecar (tokentap_requests_in_flight: arrived, no outcome yet). Waiting requests are queueing time that TTFT pays (docs/measurement.md §3).",
+					targets: []target{
+						{expr: `sum by (instance) (tokentap_engine_requests_running{` + sel + `})`, legend: "{{instance}} running (engine)"},
+						{expr: `sum by (instance) (tokentap_engine_requests_waiting{` + sel + `})`, legend: "{{instance}} waiting (engine)"},
+						{expr: `sum by (instance) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} in flight (sidecar)"},
+					}},
+				{title: "KV cache usage", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1), thresholds: []float64{0.9, 0.98},
+					desc:    "The engine's KV cache usage, 0 to 1 (tokentap_engine_kv_cache_usage_ratio; docs/metrics.md). Near 1 the engine preempts sequences, which the client feels as stalls.",
+					targets: []target{{expr: `max by (instance) (tokentap_engine_kv_cache_usage_ratio{` + sel + `})`, legend: "{{instance}}"}}},
+				{title: "Preemptions with stalls overlaid", unit: "short", w: 24, h: 9, min: fp(0), rightAxis: "stalls/s$", rightUnit: "short",
+					desc: "Left: engine preemptions per second (rate of tokentap_engine_preemptions_total, by engine; docs/metrics.md). Right, as bars: stalls per second seen by the clients (gaps between token events above slo.stall_threshold, from tokentap_stalls_per_request; docs/measurement.md §6). Preemption bursts followed by stalls are the engine evicting sequences.",
+					targets: []target{
+						{expr: `sum by (engine) (rate(tokentap_engine_preemptions_total{` + sel + `}[` + ri + `]))`, legend: "{{engine}} preemptions/s"},
+						{expr: hsum("tokentap_stalls_per_request", selM, ""), legend: "stalls/s"},
+					}},
+			}},
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Sidecar health
+
+// own keeps only process_* series of scrape targets that are tokentap
+// sidecars (a pod's engine exports process_* too).
+const own = ` and on (job, instance) tokentap_connections_max{` + sel + `}`
+
+func sidecarBoard() board {
+	return board{
+		file: "tokentap-sidecar.json", uid: "tokentap-sidecar", title: "tokentap / Sidecar health", tags: tags,
+		desc: "The sidecar's own cost and failures: forwarding delay, tap failures, records file, connections, CPU and memory (docs/metrics.md, docs/design.md).",
+		rows: []row{
+			{title: "Data path", panels: []panel{
+				{title: "Forwarding delay p50/p99/p99.9", unit: "s", w: 12, h: 8, min: fp(0),
+					desc:    "The sidecar's own overhead: from reading a chunk from the engine to having written and flushed it to the client, one observation per read that completed an event (tokentap_forward_delay_seconds; docs/measurement.md §1, docs/metrics.md).",
+					targets: quantiles("tokentap_forward_delay_seconds", sel, "", "", "0.5", "0.99", "0.999")},
+				{title: "Tap failures per second, by reason", unit: "short", w: 12, h: 8, min: fp(0),
+					desc:    "Responses on which the tap gave up measuring and fell back to plain forwarding (fail open): panic, event_too_large, content_encoding, strip_overflow, … (tokentap_tap_failures_total; docs/metrics.md, docs/design.md fail open). Every byte still reached the client.",
+					targets: []target{{expr: `sum by (reason) (rate(tokentap_tap_failures_total{` + sel + `}[` + ri + `]))`, legend: "{{reason}}"}}},
+				{title: "Requests in flight", unit: "short", w: 12, h: 8, min: fp(0),
+					desc:    "Requests that arrived and have not reached their outcome, by sidecar and traffic (tokentap_requests_in_flight; docs/metrics.md).",
+					targets: []target{{expr: `sum by (instance, traffic) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} {{traffic}}"}}},
+				{title: "Upstream ready", w: 12, h: 8, min: fp(0), max: fp(1),
+					desc:    "tokentap_upstream_up: 1 if the sidecar's last readiness check of the engine (upstream_health_path) succeeded (docs/metrics.md).",
+					targets: []target{{expr: `tokentap_upstream_up{` + sel + `}`, legend: "{{instance}}"}}},
+			}},
+			{title: "Records file", panels: []panel{
+				{title: "Records written, write errors and dropped, per second", unit: "short", w: 24, h: 8, min: fp(0), rightAxis: "(errors|dropped)/s$", rightUnit: "short",
+					desc: "The --records JSONL file: records written whole (tokentap_records_written_total), failed writes such as a full disk (tokentap_records_write_errors_total) and records that could not be written (tokentap_records_dropped_total: failed write, full queue, after shutdown) (docs/metrics.md, docs/records-file.md). Only sidecars with a records file export these.",
+					targets: []target{
+						{expr: `sum by (instance) (rate(tokentap_records_written_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} written/s"},
+						{expr: `sum by (instance) (rate(tokentap_records_write_errors_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} write errors/s"},
+						{expr: `sum by (instance) (rate(tokentap_records_dropped_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} dropped/s"},
+					}},
+			}},
+			{title: "Connections and process", panels: []panel{
+				{title: "Client connections: open vs limit", unit: "short", w: 12, h: 8, min: fp(0), rightAxis: "rejected/s$", rightUnit: "short",
+					desc: "Open client connections (tokentap_connections_open) against the --max-connections limit (tokentap_connections_max), and connections refused with a 503 at the limit (rate of tokentap_connections_rejected_total) (docs/metrics.md).",
+					targets: []target{
+						{expr: `tokentap_connections_open{` + sel + `}`, legend: "{{instance}} open"},
+						{expr: `tokentap_connections_max{` + sel + `}`, legend: "{{instance}} limit"},
+						{expr: `rate(tokentap_connections_rejected_total{` + sel + `}[` + ri + `])`, legend: "{{instance}} rejected/s"},
+					}},
+				{title: "CPU (cores)", unit: "short", w: 12, h: 8, min: fp(0),
+					desc:    "CPU seconds per second of each sidecar process (process_cpu_seconds_total from the Go client's process collector; docs/metrics.md), limited to scrape targets that are tokentap sidecars.",
+					targets: []target{{expr: `rate(process_cpu_seconds_total{` + sel + `}[` + ri + `])` + own, legend: "{{instance}}"}}},
+				{title: "Resident memory", unit: "bytes", w: 12, h: 8, min: fp(0),
+					desc:    "Resident set size of each sidecar process (process_resident_memory_bytes; docs/metrics.md), limited to tokentap scrape targets.",
+					targets: []target{{expr: `process_resident_memory_bytes{` + sel + `}` + own, legend: "{{instance}}"}}},
+				{title: "Open file descriptors vs limit", unit: "short", w: 12, h: 8, min: fp(0),
+					desc: "Open descriptors (process_open_fds) and the limit (process_max_fds) of each sidecar; --max-connections defaults to (limit − 128) / 2 (docs/config.md, docs/metrics.md).",
+					targets: []target{
+						{expr: `process_open_fds{` + sel + `}` + own, legend: "{{instance}} open"},
+						{expr: `process_max_fds{` + sel + `}` + own, legend: "{{instance}} limit"},
+					}},
+			}},
+		},
+	}
+}
