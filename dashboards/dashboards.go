@@ -1,7 +1,7 @@
 // Package dashboards defines tokentap's Grafana dashboards as Go code, with
 // the Grafana Foundation SDK, and renders them to the JSON files that ship
-// in this folder (and, as copies, in the Helm chart). Regenerate them from
-// the repository root with
+// in this folder (the Helm chart links to them). Regenerate them from the
+// repository root with
 //
 //	go run ./dashboards/gen
 //
@@ -19,7 +19,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -385,18 +384,13 @@ func Files() []string {
 	return names
 }
 
-// Where the generated files go, relative to the repository root.
-const (
-	Dir          = "dashboards"
-	ChartDir     = "deploy/helm/tokentap/dashboards"
-	RulesSource  = "deploy/prometheus/tokentap-rules.yaml"
-	ChartRules   = "deploy/helm/tokentap/files/tokentap-rules.yaml"
-	rulesComment = "# Copied from deploy/prometheus/tokentap-rules.yaml by `go run ./dashboards/gen`. DO NOT EDIT.\n"
-)
+// Dir is where the generated dashboards go, relative to the repository
+// root. The Helm chart reads them through a link
+// (deploy/helm/tokentap/dashboards → dashboards).
+const Dir = "dashboards"
 
 // Generated returns every file that `go run ./dashboards/gen` writes, by
-// path under root (the repository root): each dashboard in Dir and in
-// ChartDir, and the chart's copy of the rules file.
+// path under root (the repository root).
 func Generated(root string) (map[string][]byte, error) {
 	r, err := Render()
 	if err != nil {
@@ -405,12 +399,6 @@ func Generated(root string) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	for name, b := range r {
 		out[filepath.Join(root, Dir, name)] = b
-		out[filepath.Join(root, ChartDir, name)] = b
 	}
-	rules, err := os.ReadFile(filepath.Join(root, RulesSource))
-	if err != nil {
-		return nil, err
-	}
-	out[filepath.Join(root, ChartRules)] = append([]byte(rulesComment), rules...)
 	return out, nil
 }

@@ -1,9 +1,7 @@
 // Command gen writes the Grafana dashboards defined in package dashboards
-// as JSON: into dashboards/ and, as copies for the chart's ConfigMaps,
-// into deploy/helm/tokentap/dashboards/. It also copies the generated
-// Prometheus rules into the chart (deploy/helm/tokentap/files/), since a
-// chart can read only files inside itself. Run it from the repository
-// root after changing a dashboard or the rules:
+// as JSON into dashboards/ (the Helm chart's ConfigMaps read them through
+// the link deploy/helm/tokentap/dashboards). Run it from the repository
+// root after changing a dashboard:
 //
 //	go run ./dashboards/gen
 //

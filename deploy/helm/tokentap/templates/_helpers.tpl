@@ -1,0 +1,83 @@
+{{/* The chart's name, truncated for label values. */}}
+{{- define "tokentap.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The objects' name: the release name, with the chart's name unless the release already has it. */}}
+{{- define "tokentap.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tokentap.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tokentap.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tokentap.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "tokentap.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "tokentap.configName" -}}
+{{- printf "%s-config" (include "tokentap.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The sidecar: a native sidecar (Kubernetes 1.29+), that is an init
+container with restartPolicy: Always. It starts before the engine, runs
+beside it and stops after it. It forwards to the engine on
+127.0.0.1:<engine.port>.
+*/}}
+{{- define "tokentap.sidecar" -}}
+{{- $t := .Values.tokentap -}}
+- name: tokentap
+  image: {{ printf "%s:%s" $t.image.repository (toString (default .Chart.AppVersion $t.image.tag)) | quote }}
+  imagePullPolicy: {{ $t.image.pullPolicy }}
+  restartPolicy: Always
+  args:
+    - --upstream=http://127.0.0.1:{{ .Values.engine.port }}
+    - --listen=0.0.0.0:{{ $t.ports.http }}
+    - --admin-listen=0.0.0.0:{{ $t.ports.metrics }}
+    - --config=/etc/tokentap/tokentap.yaml
+    {{- range $t.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  {{- with $t.env }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ $t.ports.http }}
+      protocol: TCP
+    - name: metrics
+      containerPort: {{ $t.ports.metrics }}
+      protocol: TCP
+  readinessProbe:
+    {{- toYaml $t.readinessProbe | nindent 4 }}
+  livenessProbe:
+    {{- toYaml $t.livenessProbe | nindent 4 }}
+  {{- with $t.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $t.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: tokentap-config
+      mountPath: /etc/tokentap
+      readOnly: true
+{{- end -}}
