@@ -205,7 +205,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
-			if r.Context().Err() == nil {
+			// A body that went idle past the bound also ends the request's
+			// context (net/http cancels it on any read error): answer 408.
+			if r.Context().Err() == nil || idle.TimedOut() {
 				status := http.StatusBadRequest
 				if idle.TimedOut() {
 					status = http.StatusRequestTimeout
@@ -309,6 +311,13 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		st.rec.TapFailed = "content_encoding"
 	}
 	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
+	if strip {
+		// The usage chunk will be cut out: the engine's length no longer
+		// holds (an unflushed small answer from net/http, or a buffering
+		// gateway, carries one).
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
 	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
 	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
