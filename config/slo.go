@@ -3,8 +3,15 @@ package config
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
+
+// APIs are the values of a record's api field (record.APIs; config
+// imports no package of this project, so the list is repeated here and a
+// test in package record keeps the two equal).
+var APIs = []string{"chat", "completions", "responses", "messages", "ollama_chat", "ollama_generate",
+	"tgi_generate", "llamacpp_completion", "other"}
 
 // Thresholds are an SLO's limits. A zero field is not part of the SLO.
 type Thresholds struct {
@@ -27,7 +34,7 @@ type FluiditySchedule struct {
 // Scope selects the requests an SLO applies to. An empty list matches all.
 type Scope struct {
 	Models        []string `yaml:"models"`
-	APIs          []string `yaml:"apis"`    // chat, completions, other
+	APIs          []string `yaml:"apis"`    // the record's api values (APIs)
 	Traffic       []string `yaml:"traffic"` // live, canary; empty means live only
 	PromptClasses []string `yaml:"prompt_classes"`
 	OutputClasses []string `yaml:"output_classes"`
@@ -153,7 +160,7 @@ func (c SLO) Validate() []error {
 			bad("slo %s: thresholds: at least one is required", name)
 		}
 		for _, a := range o.Scope.APIs {
-			if a != "chat" && a != "completions" && a != "other" {
+			if !slices.Contains(APIs, a) {
 				bad("slo %s: scope.apis: unknown api %q", name, a)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // loopReader serves the same SSE event forever, one event per Read.
@@ -37,7 +38,7 @@ func BenchmarkTapEvent(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			st := realState(1024)
 			st.rec.Arrive = time.Now()
-			tp := newTap(&loopReader{ev: ev}, st, bodySSE, strip, 1<<20)
+			tp := newTap(&loopReader{ev: ev}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20)
 			p := make([]byte, 32<<10)
 			for i := 0; i < 2048; i++ { // warm up buffers and histogram buckets
 				tp.Read(p)

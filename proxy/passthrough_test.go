@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // streamSpec is a randomized engine stream, generated from a seed so that
@@ -191,6 +193,169 @@ func TestPassThroughRandomStreams(t *testing.T) {
 	for _, r := range sinks[1].recs {
 		if r.UsageInjected && r.TokenSource != "usage" {
 			t.Fatalf("record %s: usage injected but token_source=%s", r.ID, r.TokenSource)
+		}
+	}
+}
+
+// formatStreams are the recorded streams of every format the random
+// pass-through test builds its streams from (stream/testdata/fixtures).
+var formatStreams = []struct {
+	path, fixture, ct string
+	ndjson            bool
+	api               record.API
+}{
+	{"/v1/chat/completions", "openai_chat_vllm.sse", "text/event-stream", false, record.APIChat},
+	{"/v1/completions", "openai_completions_ollama.sse", "text/event-stream", false, record.APICompletions},
+	{"/v1/responses", "responses_ollama.sse", "text/event-stream", false, record.APIResponses},
+	{"/v1/responses", "responses_openai_error.sse", "text/event-stream", false, record.APIResponses},
+	{"/v1/messages", "messages_ollama.sse", "text/event-stream", false, record.APIMessages},
+	{"/v1/messages", "messages_anthropic_overloaded.sse", "text/event-stream", false, record.APIMessages},
+	{"/api/chat", "ollama_chat.ndjson", "application/x-ndjson", true, record.APIOllamaChat},
+	{"/api/generate", "ollama_generate.ndjson", "application/x-ndjson", true, record.APIOllamaGenerate},
+	{"/api/generate", "ollama_generate_error.ndjson", "application/x-ndjson", true, record.APIOllamaGenerate},
+	{"/generate_stream", "tgi_generate_stream.sse", "text/event-stream", false, record.APITGIGenerate},
+	{"/generate_stream", "tgi_generate_stream_overloaded.sse", "text/event-stream", false, record.APITGIGenerate},
+	{"/completion", "llamacpp_completion.sse", "text/event-stream", false, record.APILlamaCppCompletion},
+}
+
+// genFormatStream builds a random stream of format i from its recorded
+// events: events repeated or dropped, keep-alive comments (SSE), the
+// line ending changed (LF, CRLF, CR for SSE; LF or CRLF for NDJSON),
+// stray blank lines, a malformed event now and then, the end cut off
+// sometimes, and random write boundaries.
+func genFormatStream(t *testing.T, i int, seed uint64) (body []byte, splits []int) {
+	r := rand.New(rand.NewPCG(seed, uint64(i)))
+	fs := formatStreams[i]
+	raw := readFixture(t, fs.fixture)
+	var events [][]byte
+	on := func(e *stream.Event) { events = append(events, bytes.TrimRight(raw[e.Start:e.End], "\n")) }
+	if fs.ndjson {
+		var lf stream.LineFramer
+		lf.Feed(raw, on)
+		lf.Finish(on)
+	} else {
+		var f stream.Framer
+		f.Feed(raw, on)
+		f.Finish(on)
+	}
+	eol := []string{"\n", "\r\n", "\r"}[r.IntN(3)]
+	if fs.ndjson {
+		eol = []string{"\n", "\r\n"}[r.IntN(2)]
+	}
+	var b bytes.Buffer
+	emit := func(ev []byte) {
+		lines := strings.Split(string(ev), "\n")
+		for _, l := range lines {
+			b.WriteString(l + eol)
+		}
+		if !fs.ndjson {
+			b.WriteString(eol)
+		}
+	}
+	last := len(events)
+	if r.IntN(8) == 0 {
+		last = r.IntN(len(events) + 1) // cut off
+	}
+	for k := 0; k < last; k++ {
+		switch n := r.IntN(12); {
+		case n == 0:
+			continue // dropped
+		case n == 1:
+			emit(events[k]) // repeated
+		case n == 2 && !fs.ndjson:
+			emit([]byte(": keep-alive"))
+		case n == 3:
+			emit([]byte("data: {not json"))
+		case n == 4:
+			b.WriteString(eol) // a stray blank line
+		}
+		emit(events[k])
+	}
+	body = b.Bytes()
+	for j := r.IntN(8); j > 0; j-- {
+		splits = append(splits, r.IntN(len(body)+1))
+	}
+	slices.Sort(splits)
+	return body, splits
+}
+
+// TestPassThroughRandomStreamsEveryFormat: byte identity for random
+// streams of every format (the tap never changes a byte of a format it
+// does not strip), one record each, its api the route's.
+func TestPassThroughRandomStreamsEveryFormat(t *testing.T) {
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Seed   uint64 `json:"seed"`
+			Format int    `json:"format"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			t.Errorf("upstream got a body it cannot decode: %v", err)
+		}
+		body, splits := genFormatStream(t, req.Format, req.Seed)
+		w.Header().Set("Content-Type", formatStreams[req.Format].ct)
+		w.WriteHeader(200)
+		prev := 0
+		for _, at := range append(splits, len(body)) {
+			w.Write(body[prev:at])
+			w.(http.Flusher).Flush()
+			prev = at
+		}
+	}))
+	defer us.Close()
+	u, _ := url.Parse(us.URL)
+	var sink collect
+	p, err := New(Options{Upstream: u, InjectUsage: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := httptest.NewServer(p)
+	defer fs.Close()
+	const perFormat = 60
+	n := 0
+	for i, f := range formatStreams {
+		for seed := uint64(0); seed < perFormat; seed++ {
+			body := fmt.Sprintf(`{"model":"m","stream":true,"seed":%d,"format":%d,"stream_options":{"include_usage":true}}`, seed, i)
+			resp, err := http.Post(fs.URL+f.path, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := genFormatStream(t, i, seed)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s seed %d: client bytes differ\n got %q\nwant %q", f.fixture, seed, got, want)
+			}
+			n++
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sink.mu.Lock()
+		got := len(sink.recs)
+		sink.mu.Unlock()
+		if got == n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.recs) != n {
+		t.Fatalf("%d records for %d requests", len(sink.recs), n)
+	}
+	apis := map[record.API]int{}
+	for _, r := range sink.recs {
+		apis[r.API]++
+		if r.TapFailed != "" {
+			t.Errorf("record %s (%s): tap failed: %s", r.ID, r.API, r.TapFailed)
+		}
+	}
+	for _, f := range formatStreams {
+		if apis[f.api] == 0 {
+			t.Errorf("no record with api %s", f.api)
 		}
 	}
 }

@@ -69,6 +69,10 @@ type Options struct {
 	// Check, if set, runs on every finished record first in the
 	// pipeline's end stages (the canary probe's quality check).
 	Check func(*record.Record)
+	// Engine is the engine's kind when it is known in advance (EngineTGI,
+	// EngineLlamaCpp, ...; see SetEngine): two routes mean different
+	// things on different engines (classify). "" means unknown.
+	Engine string
 	// ProbeHeader, when set, marks requests that carry it with this exact
 	// value as the sidecar's own probes passing through: the header is
 	// removed and the request is forwarded without being recorded (the
@@ -85,6 +89,9 @@ type Proxy struct {
 	log   *slog.Logger
 	seq   atomic.Uint64
 	idpfx string
+	// engine is the detected engine kind (SetEngine), read once per
+	// request.
+	engine atomic.Pointer[string]
 
 	inflight inflight
 }
@@ -134,6 +141,7 @@ func New(opts Options) (*Proxy, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	p := &Proxy{opts: opts, clock: opts.Clock, log: opts.Logger, idpfx: hex.EncodeToString(b[:])}
+	p.SetEngine(opts.Engine)
 	up := opts.Upstream
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -150,6 +158,17 @@ func New(opts Options) (*Proxy, error) {
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return p, nil
+}
+
+// SetEngine tells the proxy which engine it is in front of (the kind app
+// detects at startup; "" for unknown). Safe to call while serving.
+func (p *Proxy) SetEngine(kind string) { p.engine.Store(&kind) }
+
+func (p *Proxy) engineKind() string {
+	if k := p.engine.Load(); k != nil {
+		return *k
+	}
+	return ""
 }
 
 // ProbeHeaderName carries Options.ProbeHeader on the sidecar's own probes.
@@ -187,7 +206,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	arrive := p.clock.Now()
-	api := classify(r)
+	api := classify(r, p.engineKind())
 	info := requestInfo{API: api}
 	var idle *idleBody
 	if p.opts.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
@@ -196,7 +215,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var rewritten, whole []byte
 	if api != record.APIOther {
-		in, peeked, body, err := peek(r.Body, api, p.opts.PeekBytes)
+		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes)
 		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
@@ -222,7 +241,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The engine is asked for an uncompressed answer when usage is
 		// injected; a client that refuses one gets no injection (tap.go,
 		// refusesIdentity).
-		if p.opts.InjectUsage && in.Whole && in.Stream && !in.IncludeUsage && !refusesIdentity(r.Header) {
+		if p.opts.InjectUsage && injectable(api) && in.Whole && in.Stream && !in.IncludeUsage && !refusesIdentity(r.Header) {
 			if nb, err := withIncludeUsage(whole); err == nil {
 				rewritten = nb
 			}
@@ -297,16 +316,26 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	st.rec.Headers = p.clock.Now()
 	st.rec.HTTPStatus = resp.StatusCode
 	kind := bodyOpaque
+	api := st.info.API
+	format := formatOf(api)
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	enc := resp.Header.Get("Content-Encoding")
-	if st.info.API != record.APIOther && (enc == "" || enc == "identity") {
+	if api != record.APIOther && (enc == "" || enc == "identity") {
 		switch ct {
 		case "text/event-stream":
 			kind = bodySSE
+			if format == stream.FormatOllama {
+				// llama.cpp serves /api/chat in the OpenAI format
+				// (tools/server/server.cpp: an Ollama-compatible route to
+				// post_chat_completions); Ollama itself streams NDJSON.
+				format = stream.FormatOpenAI
+			}
+		case "application/x-ndjson":
+			kind = bodyNDJSON
 		case "application/json":
 			kind = bodyJSON
 		}
-	} else if st.info.API != record.APIOther {
+	} else if api != record.APIOther {
 		st.obs.TapFailed("content_encoding")
 		st.rec.TapFailed = "content_encoding"
 	}
@@ -318,7 +347,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 	}
-	st.tap = newTap(resp.Body, st, kind, strip, p.opts.MaxParseBytes)
+	st.tap = newTap(resp.Body, st, kind, format, strip, p.opts.MaxParseBytes)
+	if api != record.APIOther && resp.StatusCode < 300 {
+		engineHeaders(resp.Header, st.rec, st.tap)
+	}
 	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
 	return nil
@@ -422,7 +454,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		// successfully only after a finish reason: a stream cut short
 		// with neither the end marker nor a finish reason is a truncated
 		// generation (docs/measurement.md §3).
-		if t.kind == bodySSE && rec.FinishReason == "" {
+		if t.kind.streamed() && rec.FinishReason == "" {
 			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
 		} else {
 			rec.Outcome = record.Success
@@ -461,13 +493,46 @@ func (p *Proxy) tokens(st *reqState) {
 	switch {
 	case t != nil && t.sawUsage:
 		rec.OutputTokens, rec.TokenSource = t.usageOut, "usage"
+	case t != nil && t.hdrOut >= 0:
+		rec.OutputTokens, rec.TokenSource = t.hdrOut, "usage"
 	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceTokenIDs && rec.TokenEvents() > 0:
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "token_ids"
 	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceLogprobs && rec.TokenEvents() > 0:
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "logprobs"
-	case t != nil && t.kind == bodySSE && rec.TapFailed == "":
+	case t != nil && t.kind.streamed() && rec.TapFailed == "":
 		rec.OutputTokens, rec.TokenSource = int64(rec.TokenEvents()), "events"
 	default:
 		rec.OutputTokens, rec.TokenSource = -1, "none"
+	}
+}
+
+// engineHeaders reads what an engine reports in response headers: TGI
+// sets, on a non-streaming /generate, x-queue-time, x-inference-time and
+// x-total-time (integer milliseconds), x-prompt-tokens and
+// x-generated-tokens (huggingface/text-generation-inference
+// router/src/server.rs, generate). Body usage, when there is some, wins
+// over the header counts (proxy.tokens). Once per request, not per token.
+func engineHeaders(h http.Header, rec *record.Record, t *tap) {
+	ms := func(name string, bit uint8) {
+		if v := h.Get(name); v != "" {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 && n < 1<<40 {
+				var e stream.EngineTimes
+				e.Set(bit, time.Duration(n)*time.Millisecond)
+				mergeEngine(&rec.Engine, e)
+			}
+		}
+	}
+	ms("X-Queue-Time", stream.EngineQueue)
+	ms("X-Inference-Time", stream.EngineInference)
+	ms("X-Total-Time", stream.EngineTotal)
+	if v := h.Get("X-Generated-Tokens"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			t.hdrOut = n
+		}
+	}
+	if v := h.Get("X-Prompt-Tokens"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			rec.InputTokens = n
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
 
@@ -17,9 +18,14 @@ type bodyKind uint8
 
 const (
 	bodyOpaque bodyKind = iota // not understood: forwarded, not parsed
-	bodySSE                    // text/event-stream of OpenAI chunks
+	bodySSE                    // text/event-stream: events of the tap's format
+	bodyNDJSON                 // application/x-ndjson: one payload a line (Ollama)
 	bodyJSON                   // a whole JSON response (non-streaming)
 )
+
+// streamed reports whether the body is a stream of events (timed per
+// event) rather than one whole payload.
+func (k bodyKind) streamed() bool { return k == bodySSE || k == bodyNDJSON }
 
 // tap wraps an upstream response body. ReverseProxy reads it and writes
 // what it returns to the client; the tap times every read and parses what
@@ -61,12 +67,14 @@ const (
 // modifyResponse), and its usage chunk reaches the client: the one case in
 // which an injected usage chunk cannot be removed.
 type tap struct {
-	body  io.ReadCloser
-	st    *reqState
-	kind  bodyKind
-	strip bool
+	body   io.ReadCloser
+	st     *reqState
+	kind   bodyKind
+	format stream.Format // which adapter reads the payloads
+	strip  bool
 
 	framer stream.Framer
+	lines  stream.LineFramer // bodyNDJSON
 	chunk  stream.Chunk
 	onEv   func(*stream.Event) // t.event, bound once
 	onCut  func(*stream.Event) // t.frameForStrip, bound once
@@ -112,6 +120,8 @@ type tap struct {
 	rejection   bool // ... and it was an overload
 	sawUsage    bool
 	usageOut    int64
+	sawPrompt   bool
+	hdrOut      int64              // TGI's x-generated-tokens header, -1 if absent
 	idTokens    int64              // per-event token counts summed
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
 	perEventAll bool
@@ -123,8 +133,9 @@ type queued struct {
 	hasData    bool
 }
 
-func newTap(body io.ReadCloser, st *reqState, kind bodyKind, strip bool, wholeMax int) *tap {
-	t := &tap{body: body, st: st, kind: kind, strip: strip, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1}, wholeMax: wholeMax, perEventAll: true}
+func newTap(body io.ReadCloser, st *reqState, kind bodyKind, format stream.Format, strip bool, wholeMax int) *tap {
+	t := &tap{body: body, st: st, kind: kind, format: format, strip: strip, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1},
+		wholeMax: wholeMax, perEventAll: true, hdrOut: -1}
 	t.onEv = t.event
 	t.onCut = t.frameForStrip
 	return t
@@ -260,6 +271,12 @@ func (t *tap) parse(p []byte, at time.Time) {
 		if t.framer.Overflow {
 			t.fail("event_too_large")
 		}
+	case bodyNDJSON:
+		t.readAt = at
+		t.lines.Feed(p, t.onEv)
+		if t.lines.Overflow {
+			t.fail("event_too_large")
+		}
 	case bodyJSON:
 		if len(t.whole)+len(p) > t.wholeMax {
 			t.wholeOver = true
@@ -283,44 +300,61 @@ func (t *tap) handle(ev *stream.Event, at time.Time) {
 		return // comments, keep-alives; anything after the terminal event
 	}
 	c := &t.chunk
-	stream.ParseOpenAI(ev.Data, c)
+	stream.Parse(t.format, ev.Data, c)
 	t.apply(c, at)
 }
 
+// maxIDBytes bounds the engine's response id kept in the record: it is
+// engine-controlled, and an id is short (chatcmpl-..., resp_..., msg_...).
+const maxIDBytes = 256
+
+// apply folds one parsed payload, read at `at`, into the record. Every
+// format fills the same Chunk, so this is the same for all of them.
 func (t *tap) apply(c *stream.Chunk, at time.Time) {
 	rec := t.st.rec
-	switch {
-	case c.Done:
-		t.done = true
-		rec.Terminal = at
-		return
-	case c.Malformed:
+	if c.Malformed {
 		rec.Malformed = true
 		t.st.obs.Malformed()
 		return
-	case c.Error:
+	}
+	if rec.ResponseModel == "" && len(c.Model) > 0 {
+		rec.ResponseModel = string(c.Model[:min(len(c.Model), record.MaxModelBytes)])
+	}
+	if rec.ResponseID == "" && len(c.ID) > 0 {
+		rec.ResponseID = string(c.ID[:min(len(c.ID), maxIDBytes)])
+	}
+	if c.Error {
 		t.streamErr = true
 		t.rejection = c.Rejection()
 		rec.ErrorCode = c.ErrorCode
 		rec.Terminal = at
 		return
 	}
-	if c.Usage {
-		t.sawUsage = true
-		rec.InputTokens = c.PromptTokens
-		t.usageOut = c.CompletionTokens
+	// Usage. A zero usage on a chunk that carries choices is a
+	// placeholder, not a count: Ollama's completions put
+	// "usage":{all zeros} on every chunk once usage is asked for
+	// (middleware/openai.go). A zero never overwrites a real count, and a
+	// null usage is no usage at all (the adapters skip it).
+	if (c.Usage || c.HasPrompt) && !(c.Choices > 0 && c.PromptTokens == 0 && c.CompletionTokens == 0) {
+		if c.HasPrompt && (c.PromptTokens > 0 || !t.sawPrompt) {
+			t.sawPrompt = true
+			rec.InputTokens = c.PromptTokens
+		}
+		if c.Usage && (c.CompletionTokens > 0 || !t.sawUsage) {
+			t.sawUsage = true
+			t.usageOut = c.CompletionTokens
+		}
+	}
+	if c.CachedTokens > 0 {
 		rec.CachedTokens = c.CachedTokens
 	}
-	if rec.ResponseModel == "" && len(c.Model) > 0 {
-		rec.ResponseModel = string(c.Model)
-	}
-	if rec.ResponseID == "" && len(c.ID) > 0 {
-		rec.ResponseID = string(c.ID)
+	if c.Engine.Known != 0 {
+		mergeEngine(&rec.Engine, c.Engine)
 	}
 	if len(c.FinishReason) > 0 && rec.FinishReason != string(c.FinishReason) {
 		rec.FinishReason = string(c.FinishReason)
 	}
-	if c.TokenBearing() && t.kind == bodySSE {
+	if c.TokenBearing() && t.kind.streamed() {
 		switch c.TokensFrom {
 		case stream.SourceTokenIDs:
 			t.idTokens += c.Tokens
@@ -336,6 +370,35 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 		if gap, ok := rec.AddToken(at, c.Tokens, c.Output); ok {
 			t.st.obs.Gap(gap)
 		}
+	}
+	if c.Done {
+		t.done = true
+		rec.Terminal = at
+	}
+}
+
+// mergeEngine copies the durations the engine reported into the record's.
+func mergeEngine(dst *record.EngineTimes, src stream.EngineTimes) {
+	s := record.EngineTimes(src)
+	for _, bit := range [...]uint8{record.EngineLoad, record.EngineQueue, record.EnginePrompt, record.EngineDecode, record.EngineInference, record.EngineTotal} {
+		if s.Known&bit == 0 {
+			continue
+		}
+		switch bit {
+		case record.EngineLoad:
+			dst.Load = s.Load
+		case record.EngineQueue:
+			dst.Queue = s.Queue
+		case record.EnginePrompt:
+			dst.Prompt = s.Prompt
+		case record.EngineDecode:
+			dst.Decode = s.Decode
+		case record.EngineInference:
+			dst.Inference = s.Inference
+		case record.EngineTotal:
+			dst.Total = s.Total
+		}
+		dst.Known |= bit
 	}
 }
 
@@ -465,7 +528,8 @@ func (t *tap) frameForStrip(ev *stream.Event) {
 		} else if !ev.Partial && ev.Start >= t.heldOff && bytes.Contains(ev.Data, usageKey) {
 			var c stream.Chunk
 			stream.ParseOpenAI(ev.Data, &c)
-			if c.UsageOnly() {
+			switch {
+			case c.UsageOnly():
 				t.cuts = append(t.cuts, [2]int64{ev.Start, ev.End})
 				if t.framer.AfterCR() && ev.End == t.framer.Offset() {
 					t.cutLF = ev.End // maybe the CR of a CRLF split across reads
@@ -474,6 +538,8 @@ func (t *tap) frameForStrip(ev *stream.Event) {
 				rec.Events++
 				t.apply(&c, t.readAt)
 				return
+			case addedUsage(&c):
+				t.cutUsageMember(ev)
 			}
 		}
 	}
@@ -610,15 +676,82 @@ func (t *tap) scanLine(line []byte) bool {
 	return false
 }
 
-// usageChunk reports whether data, as an event's data, is what
-// frameForStrip cuts.
+// usageChunk reports whether data, as an event's data, is something
+// frameForStrip cuts: the usage chunk, or a usage member on a chunk.
 func (t *tap) usageChunk(data []byte) bool {
 	if !bytes.Contains(data, usageKey) {
 		return false
 	}
 	var c stream.Chunk
 	stream.ParseOpenAI(data, &c)
-	return c.UsageOnly()
+	return c.UsageOnly() || addedUsage(&c)
+}
+
+// addedUsage reports whether a chunk is a content chunk with a usage
+// object (numbers, not null) that asking for usage put there: Ollama's
+// completions add "usage":{zeros} to every chunk when include_usage is
+// set (middleware/openai.go CompleteWriter), and vLLM's
+// continuous_usage_stats puts the running count on every chunk once
+// include_usage is on. Without the sidecar's request the member would
+// not be there, so strip mode removes it and leaves the rest of the
+// chunk byte for byte. A "usage":null (OpenAI's own API marks every chunk
+// so once usage is asked for; SGLang always does) is left alone: the
+// sidecar cannot tell which engine caused it (docs/design.md).
+func addedUsage(c *stream.Chunk) bool {
+	return (c.Usage || c.HasPrompt) && c.Choices > 0 && !c.Error
+}
+
+// cutUsageMember removes the "usage" member from the event's data in the
+// client's stream (strip mode; the event is complete and still held).
+// The data must be one line: a member of a multi-line data value is not
+// contiguous in the stream, and is left where it is.
+func (t *tap) cutUsageMember(ev *stream.Event) {
+	if bytes.IndexByte(ev.Data, '\n') >= 0 {
+		return
+	}
+	raw := t.held[ev.Start-t.heldOff : ev.End-t.heldOff]
+	off, ok := dataOffset(raw, ev.Start == 0)
+	if !ok || off+len(ev.Data) > len(raw) || !bytes.Equal(raw[off:off+len(ev.Data)], ev.Data) {
+		return
+	}
+	s, e, ok := stream.MemberSpan(ev.Data, "usage")
+	if !ok {
+		return
+	}
+	at := ev.Start + int64(off)
+	t.cuts = append(t.cuts, [2]int64{at + int64(s), at + int64(e)})
+}
+
+// dataOffset returns the offset of the value of the event's data line in
+// its raw bytes (after "data:" and the optional space), as the framer
+// reads it.
+func dataOffset(raw []byte, streamStart bool) (int, bool) {
+	i := 0
+	if streamStart && bytes.HasPrefix(raw, utf8BOM) {
+		i = len(utf8BOM)
+	}
+	for i < len(raw) {
+		j := bytes.IndexAny(raw[i:], "\r\n")
+		if j < 0 {
+			j = len(raw) - i
+		}
+		line := raw[i : i+j]
+		if len(line) > 4 && string(line[:5]) == "data:" {
+			off := i + 5
+			if len(line) > 5 && line[5] == ' ' {
+				off++
+			}
+			return off, true
+		}
+		i += j
+		if i < len(raw) && raw[i] == '\r' {
+			i++
+		}
+		if i < len(raw) && raw[i] == '\n' {
+			i++
+		}
+	}
+	return 0, false
 }
 
 // jsonObject reports whether v is one whole JSON object (white space after
@@ -690,18 +823,22 @@ func (t *tap) Close() error {
 	if !t.closed {
 		t.closed = true
 		t.afterForward()
-		if !t.failed && t.kind == bodySSE && t.eof && !t.finished {
+		if !t.failed && t.kind.streamed() && t.eof && !t.finished {
 			func() {
 				defer t.recoverTap()
 				t.finished = true
-				t.framer.Finish(t.onEv)
+				if t.kind == bodyNDJSON {
+					t.lines.Finish(t.onEv)
+				} else {
+					t.framer.Finish(t.onEv)
+				}
 			}()
 		}
 		t.afterForward()
 		if !t.failed && t.kind == bodyJSON && t.eof && !t.wholeOver && len(t.whole) > 0 {
 			func() {
 				defer t.recoverTap()
-				stream.ParseOpenAI(t.whole, &t.chunk)
+				stream.Parse(t.format, t.whole, &t.chunk)
 				if t.chunk.Malformed {
 					t.st.rec.Malformed = true
 					return

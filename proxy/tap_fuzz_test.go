@@ -75,9 +75,20 @@ func expectStrippedUntil(in []byte, until int64) []byte {
 			return
 		}
 		stream.ParseOpenAI(e.Data, &c)
-		if c.UsageOnly() {
+		switch {
+		case c.UsageOnly():
 			out = append(out, in[last:e.Start]...)
 			last = e.End
+		case addedUsage(&c) && bytes.Contains(e.Data, []byte(`"usage"`)) && !bytes.Contains(e.Data, []byte("\n")):
+			// a usage member on a content chunk: only the member goes
+			raw := in[e.Start:e.End]
+			off, ok := dataOffset(raw, e.Start == 0)
+			s, end, ok2 := stream.MemberSpan(e.Data, "usage")
+			if ok && ok2 {
+				at := e.Start + int64(off)
+				out = append(out, in[last:at+int64(s)]...)
+				last = at + int64(end)
+			}
 		}
 	}
 	f.Feed(in, cut)
@@ -116,7 +127,7 @@ func runStrip(in []byte, sizes []int, buf int) []byte {
 // after every Read.
 func runStripTap(in []byte, sizes []int, buf int, check func(*tap)) ([]byte, *tap) {
 	st := newTestState()
-	tp := newTap(&chunkReader{data: in, sizes: sizes}, st, bodySSE, true, 1<<20)
+	tp := newTap(&chunkReader{data: in, sizes: sizes}, st, bodySSE, stream.FormatOpenAI, true, 1<<20)
 	st.tap = tp
 	var out []byte
 	p := make([]byte, buf)
@@ -177,6 +188,12 @@ func FuzzTapStrip(f *testing.F) {
 		tok + "\n: ping\nevent: x\n\n" + usage + "\n\n",
 		"data: {\"a\":\n" + "data: 1}\n\n" + usage + "\n\n", // multi-line JSON: SSE, still stripped
 		"\xEF\xBB\xBF" + tok + "\ndata: [DONE]\n",
+		// usage members on content chunks (Ollama's completions under
+		// include_usage): only the member is cut
+		`data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":0,"completion_tokens":0}}` + "\n\n" + usage + "\n\ndata: [DONE]\n\n",
+		"\xEF\xBB\xBFdata:{\"usage\":{\"completion_tokens\":1},\"choices\":[{}]}\r\n\r\n",
+		`data: {"choices":[{"text":"a"}],"usage":null}` + "\n\n",
+		"data: {\"choices\":[{\"text\":\"a\"}],\ndata: \"usage\":{\"completion_tokens\":3}}\n\n",
 	} {
 		f.Add([]byte(s), []byte{1, 5, 2}, uint8(3))
 		f.Add([]byte(s), []byte{200, 255, 37}, uint8(255))
@@ -249,7 +266,7 @@ func TestTapZeroAllocsPerEvent(t *testing.T) {
 	ev := []byte(`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":null}]}` + "\n\n")
 	for _, strip := range []bool{false, true} {
 		st := newTestState()
-		tp := newTap(&loopReader{ev: ev}, st, bodySSE, strip, 1<<20)
+		tp := newTap(&loopReader{ev: ev}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20)
 		p := make([]byte, 32<<10)
 		for i := 0; i < 100; i++ {
 			tp.Read(p)

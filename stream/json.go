@@ -280,3 +280,53 @@ func countElements(v []byte) int {
 	}
 	return n
 }
+
+// MemberSpan returns the byte range [start, end) of the JSON object obj
+// to delete so that its member key is gone and the rest is unchanged
+// valid JSON: the member and the comma that joined it to the member
+// before it (or, for the first member, to the one after it). ok is false
+// when obj is not a well-formed object or has no such member. It never
+// allocates.
+func MemberSpan(obj []byte, key string) (start, end int, ok bool) {
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return 0, 0, false
+	}
+	i = skipWS(obj, i+1)
+	prevEnd := -1 // where the previous member's value ends
+	for i < len(obj) && obj[i] == '"' {
+		ke := skipString(obj, i)
+		v := objKey(obj, i)
+		if ke < 0 || v < 0 {
+			return 0, 0, false
+		}
+		ve := skipValue(obj, v)
+		if ve < 0 {
+			return 0, 0, false
+		}
+		vend := ve
+		for vend > v && isWS(obj[vend-1]) {
+			vend--
+		}
+		next := skipWS(obj, ve)
+		if next >= len(obj) || (obj[next] != ',' && obj[next] != '}') {
+			return 0, 0, false
+		}
+		if string(obj[i+1:ke-1]) == key {
+			switch {
+			case prevEnd >= 0:
+				return prevEnd, vend, true
+			case obj[next] == ',':
+				return i, skipWS(obj, next+1), true
+			default:
+				return i, vend, true
+			}
+		}
+		if obj[next] == '}' {
+			return 0, 0, false
+		}
+		prevEnd = vend
+		i = skipWS(obj, next+1)
+	}
+	return 0, 0, false
+}

@@ -119,3 +119,56 @@ func FuzzScanJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestMemberSpan(t *testing.T) {
+	cases := []struct{ in, key, want string }{
+		{`{"id":"x","choices":[],"usage":{"prompt_tokens":0}}`, "usage", `{"id":"x","choices":[]}`},
+		{`{"usage":{"a":1},"id":"x"}`, "usage", `{"id":"x"}`},
+		{`{"usage":null}`, "usage", `{}`},
+		{`{ "a" : 1 , "usage" : { } , "b" : [ ] }`, "usage", `{ "a" : 1 , "b" : [ ] }`},
+		{`{"a":{"usage":1},"b":2}`, "usage", ""},
+		{`{"a":"usage"}`, "usage", ""},
+		{`{"a":1,"usage":{}`, "usage", ""},
+		{`[1]`, "usage", ""},
+	}
+	for _, c := range cases {
+		s, e, ok := MemberSpan([]byte(c.in), c.key)
+		got := ""
+		if ok {
+			got = c.in[:s] + c.in[e:]
+		}
+		if got != c.want {
+			t.Errorf("%s without %s: %q, want %q", c.in, c.key, got, c.want)
+		}
+		if ok && !json.Valid([]byte(got)) {
+			t.Errorf("%s: result %q is not JSON", c.in, got)
+		}
+	}
+}
+
+func FuzzMemberSpan(f *testing.F) {
+	for _, s := range []string{`{"a":1,"usage":{"b":2}}`, `{"usage":1}`, `{"usage":1,"c":[1,{"usage":2}]}`, `{ "x" : "usage" }`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s, e, ok := MemberSpan(in, "usage")
+		if !ok {
+			return
+		}
+		out := append(append([]byte(nil), in[:s]...), in[e:]...)
+		var before, after map[string]json.RawMessage
+		if json.Unmarshal(in, &before) != nil || bytes.Contains(in, []byte(`\`)) || bytes.Count(in, []byte(`"usage"`)) > 1 {
+			return // the scanner does not check strings and numbers, nor unescape keys
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("%q without usage: %q is not an object: %v", in, out, err)
+		}
+		if _, still := after["usage"]; still {
+			t.Fatalf("%q: %q still has usage", in, out)
+		}
+		delete(before, "usage")
+		if len(before) != len(after) {
+			t.Fatalf("%q: members %v, after removal %v", in, before, after)
+		}
+	})
+}

@@ -2,13 +2,19 @@ package stream
 
 import "bytes"
 
-// Chunk is what one OpenAI-style payload says, as far as measurement goes:
-// a streamed chat.completion.chunk or text_completion event, or a whole
-// non-streaming response body. Byte slices alias the payload.
+// Chunk is what one payload says, as far as measurement goes, whatever its
+// wire format (Format): a streamed event (an OpenAI chat.completion.chunk,
+// a Responses or Messages event, an Ollama NDJSON line, a TGI token...)
+// or a whole non-streaming response body. Byte slices alias the payload.
 //
 // The zero value is an empty chunk that carries nothing.
 type Chunk struct {
-	Done      bool // the "[DONE]" end marker
+	// Done is the format's end marker: OpenAI's "[DONE]", Responses'
+	// response.completed or response.incomplete, Messages' message_stop,
+	// Ollama's done:true, TGI's final event (generated_text), llama.cpp's
+	// stop:true. Unlike "[DONE]", these may carry usage and a finish
+	// reason in the same payload.
+	Done      bool
 	Malformed bool // not JSON, or not a JSON object
 	// Error is set when the payload is an error object: a top-level
 	// "error" member (vLLM, SGLang, TGI, llama.cpp, OpenAI) or
@@ -27,13 +33,19 @@ type Chunk struct {
 	TokensFrom TokenSource
 	// Choices is the number of elements of "choices" (-1 when absent).
 	Choices int
-	// Usage is set when a "usage" object with numbers is present.
+	// Usage is set when the output token count is given
+	// (CompletionTokens: usage.completion_tokens, Ollama's eval_count,
+	// ...); HasPrompt when the input count is (PromptTokens).
 	Usage            bool
+	HasPrompt        bool
 	PromptTokens     int64
 	CompletionTokens int64
-	CachedTokens     int64 // usage.prompt_tokens_details.cached_tokens
+	CachedTokens     int64 // usage.prompt_tokens_details.cached_tokens and its kin
 	FinishReason     []byte
 	ID, Model        []byte
+	// Engine holds the durations the engine reported about the request
+	// (Ollama's *_duration, llama.cpp's timings).
+	Engine EngineTimes
 }
 
 // TokenSource names where an output token count came from, best first.
@@ -64,7 +76,7 @@ func (s TokenSource) String() string {
 
 // UsageOnly reports whether the chunk is the usage chunk that
 // stream_options.include_usage adds: no choices, usage present.
-func (c *Chunk) UsageOnly() bool { return c.Usage && c.Choices == 0 && !c.Error }
+func (c *Chunk) UsageOnly() bool { return (c.Usage || c.HasPrompt) && c.Choices == 0 && !c.Error }
 
 // TokenBearing reports whether the event carries generated output.
 func (c *Chunk) TokenBearing() bool { return c.Output || c.Reasoning }
@@ -74,6 +86,18 @@ var doneMarker = []byte("[DONE]")
 // ParseOpenAI reads one OpenAI Chat Completions or Completions payload
 // (the data of one SSE event, or a whole non-streaming body) into c. It
 // never allocates.
+//
+// Sources: the chunk and response schemas of OpenAI's API
+// (openai/openai-openapi openapi.yaml: CreateChatCompletionStreamResponse,
+// CreateCompletionResponse, CompletionUsage) as vLLM, SGLang, TGI,
+// llama.cpp and Ollama serve them
+// (../shared/research/engine-wire-formats-and-metrics.md §A1). Two engine
+// additions are read too: llama.cpp's "timings" object on the last chunk
+// (ggml-org/llama.cpp tools/server/server-task.cpp,
+// to_json_oaicompat_chat_stream), and a llama.cpp native payload reaching
+// an OpenAI route (its /completions without /v1 is the native one:
+// tools/server/server.cpp registers post_completions there), recognised
+// by a boolean "stop" and no "choices", and read by ParseLlamaCpp.
 func ParseOpenAI(data []byte, c *Chunk) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
@@ -81,7 +105,7 @@ func ParseOpenAI(data []byte, c *Chunk) {
 		c.Done = true
 		return
 	}
-	objectError := false
+	objectError, native := false, false
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "error":
@@ -118,11 +142,19 @@ func ParseOpenAI(data []byte, c *Chunk) {
 			})
 		case "usage":
 			parseUsage(v, c)
+		case "timings": // llama.cpp, on the last chunk
+			parseLlamaTimings(v, c)
+		case "stop": // llama.cpp native: a boolean "stop" on every payload
+			native = len(v) > 0 && (v[0] == 't' || v[0] == 'f')
 		}
 		return true
 	})
 	if !ok {
 		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	if native && c.Choices < 0 && !c.Error && !objectError {
+		ParseLlamaCpp(data, c)
 		return
 	}
 	if objectError {
@@ -222,7 +254,7 @@ func parseUsage(v []byte, c *Chunk) {
 		switch string(k) {
 		case "prompt_tokens":
 			if n, ok := intVal(v); ok {
-				c.PromptTokens, c.Usage = n, true
+				c.PromptTokens, c.HasPrompt = n, true
 			}
 		case "completion_tokens":
 			if n, ok := intVal(v); ok {

@@ -1,0 +1,61 @@
+package record
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokentap/tokentap/config"
+)
+
+// config lists the api values for SLO scopes without importing record:
+// the two lists must stay equal.
+func TestConfigKnowsEveryAPI(t *testing.T) {
+	var names []string
+	for _, a := range APIs {
+		names = append(names, string(a))
+	}
+	if !slices.Equal(names, config.APIs) {
+		t.Fatalf("record.APIs %v, config.APIs %v", names, config.APIs)
+	}
+}
+
+// gen_ai.operation.name stays within the OTel well-known values (a
+// bounded label): chat, text_completion, and other for unparsed routes.
+func TestOperationIsBounded(t *testing.T) {
+	want := map[API]string{APIChat: "chat", APIResponses: "chat", APIMessages: "chat", APIOllamaChat: "chat",
+		APICompletions: "text_completion", APIOllamaGenerate: "text_completion", APITGIGenerate: "text_completion",
+		APILlamaCppCompletion: "text_completion", APIOther: "other", API("anything"): "other"}
+	for a, op := range want {
+		if got := a.Operation(); got != op {
+			t.Errorf("%s: operation %q, want %q", a, got, op)
+		}
+	}
+}
+
+// response_id and the engine's durations reach the JSON when set, and
+// only then.
+func TestResponseIDAndEngineTimesJSON(t *testing.T) {
+	r := New(0)
+	r.Arrive = time.Unix(1000, 0)
+	b, _ := r.MarshalJSON()
+	if strings.Contains(string(b), "response_id") || strings.Contains(string(b), "engine_") {
+		t.Fatalf("unset fields written: %s", b)
+	}
+	r.ResponseID = "chatcmpl-7\"x"
+	r.Engine = EngineTimes{Prompt: 342546 * time.Microsecond, Decode: 4535599 * time.Microsecond, Load: 0,
+		Known: EnginePrompt | EngineDecode | EngineLoad}
+	b, _ = r.MarshalJSON()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	if m["response_id"] != "chatcmpl-7\"x" || m["engine_prompt_ms"] != 342.546 || m["engine_decode_ms"] != 4535.599 || m["engine_load_ms"] != 0.0 {
+		t.Fatalf("got %s", b)
+	}
+	if _, ok := m["engine_total_ms"]; ok {
+		t.Fatalf("engine_total_ms written though not reported: %s", b)
+	}
+}

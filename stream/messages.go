@@ -1,0 +1,172 @@
+package stream
+
+import "bytes"
+
+// ParseMessages reads one Anthropic Messages API payload into c: the data
+// of one SSE event of POST /v1/messages with "stream":true, or a whole
+// non-streaming message. It never allocates.
+//
+// Sources: Anthropic's Go SDK (anthropics/anthropic-sdk-go
+// packages/ssestream/ssestream.go: the events message_start,
+// content_block_start, content_block_delta, content_block_stop,
+// message_delta, message_stop; "ping" is skipped; "error" ends the stream
+// with an API error) and two servers of the API: Ollama v0.17.4
+// (anthropic/anthropic.go, StreamConverter: message_start with
+// usage.input_tokens, text_delta / thinking_delta / input_json_delta
+// deltas, message_delta with stop_reason and usage, message_stop; errors
+// {"type":"error","error":{"type":...,"message":...}}) and llama.cpp
+// (tools/server/server-task.cpp, to_json_anthropic_stream: thinking,
+// text and tool_use blocks, usage with cache_read_input_tokens). vLLM's
+// translation ends an error with a non-Anthropic "data: [DONE]", read as
+// the end marker.
+//
+// What counts:
+//   - output: a content_block_delta whose delta is a text_delta with text
+//     or an input_json_delta with partial_json (tool input);
+//   - reasoning: a thinking_delta with thinking; signature and citation
+//     deltas carry no tokens;
+//   - usage: message_start's message.usage gives the input (input_tokens
+//     plus the cache reads and writes Anthropic counts apart; the cache
+//     reads are the cached tokens); its output_tokens is a placeholder and
+//     is not read; message_delta's usage.output_tokens is the final,
+//     cumulative output count, with the stop_reason as finish reason;
+//   - the end: message_stop (Done);
+//   - errors: the "error" event, error.type as its type (overloaded_error
+//     and rate_limit_error mean a rejection).
+//
+// The message id (msg_...) and model come from message_start.
+func ParseMessages(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	var typ, message, block, delta, usage, errv, id, model, stop []byte
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "type":
+			typ, _ = strVal(v)
+		case "message":
+			message = v
+		case "content_block":
+			block = v
+		case "delta":
+			delta = v
+		case "usage":
+			usage = v
+		case "error":
+			errv = v
+		case "id":
+			id = v
+		case "model":
+			model = v
+		case "stop_reason":
+			stop = v
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	switch string(typ) {
+	case "message_start":
+		eachMember(message, func(k, v []byte) bool {
+			switch string(k) {
+			case "id":
+				c.ID, _ = strVal(v)
+			case "model":
+				c.Model, _ = strVal(v)
+			case "usage":
+				parseMessagesUsage(v, c, false)
+			}
+			return true
+		})
+	case "content_block_start":
+		eachMember(block, func(k, v []byte) bool {
+			switch string(k) {
+			case "text":
+				c.Output = c.Output || nonEmptyStr(v)
+			case "thinking":
+				c.Reasoning = c.Reasoning || nonEmptyStr(v)
+			}
+			return true
+		})
+	case "content_block_delta":
+		eachMember(delta, func(k, v []byte) bool {
+			switch string(k) {
+			case "text", "partial_json":
+				c.Output = c.Output || nonEmptyStr(v)
+			case "thinking":
+				c.Reasoning = c.Reasoning || nonEmptyStr(v)
+			}
+			return true
+		})
+	case "message_delta":
+		eachMember(delta, func(k, v []byte) bool {
+			if string(k) == "stop_reason" {
+				c.FinishReason, _ = strVal(v)
+			}
+			return true
+		})
+		parseMessagesUsage(usage, c, true)
+	case "message_stop":
+		c.Done = true
+	case "error":
+		c.Error = true
+		if isObject(errv) {
+			parseError(errv, c)
+		}
+		if c.ErrorType == nil {
+			c.ErrorType = []byte("error")
+		}
+	case "message": // a whole non-streaming message
+		c.ID, _ = strVal(id)
+		c.Model, _ = strVal(model)
+		c.FinishReason, _ = strVal(stop)
+		parseMessagesUsage(usage, c, true)
+		c.Done = true
+	case "":
+		if len(errv) > 0 && string(errv) != "null" {
+			c.Error = true
+			if isObject(errv) {
+				parseError(errv, c)
+			} else {
+				c.ErrorType = []byte("error")
+			}
+		}
+	}
+}
+
+// parseMessagesUsage reads an Anthropic usage object. The input count is
+// input_tokens plus cache_read_input_tokens and
+// cache_creation_input_tokens (Anthropic counts cached input apart from
+// input_tokens); output_tokens is read only when final.
+func parseMessagesUsage(v []byte, c *Chunk, final bool) {
+	var in, cacheRead, cacheWrite int64
+	hasIn := false
+	eachMember(v, func(k, v []byte) bool {
+		n, ok := intVal(v)
+		if !ok {
+			return true
+		}
+		switch string(k) {
+		case "input_tokens":
+			in, hasIn = n, true
+		case "cache_read_input_tokens":
+			cacheRead, hasIn = n, true
+		case "cache_creation_input_tokens":
+			cacheWrite, hasIn = n, true
+		case "output_tokens":
+			if final {
+				c.CompletionTokens, c.Usage = n, true
+			}
+		}
+		return true
+	})
+	if hasIn {
+		c.PromptTokens, c.HasPrompt = in+cacheRead+cacheWrite, true
+		c.CachedTokens = cacheRead
+	}
+}

@@ -1,0 +1,269 @@
+package stream
+
+import "bytes"
+
+// ParseOllama reads one payload of Ollama's native API into c: one NDJSON
+// line of a streamed POST /api/chat or /api/generate, or a whole
+// non-streaming body. It never allocates.
+//
+// Sources: ollama/ollama v0.17.4 api/types.go (ChatResponse: message with
+// content, thinking and tool_calls; GenerateResponse: response, thinking,
+// tool_calls; both: done, done_reason, logprobs, and Metrics:
+// total_duration, load_duration, prompt_eval_count, prompt_eval_duration,
+// eval_count, eval_duration, durations in nanoseconds, all omitted when
+// zero) and server/routes.go (streamResponse: application/x-ndjson, one
+// JSON object per line; an error after the first line is a final
+// {"error":"..."} line under HTTP 200, before it an HTTP error status
+// with that body).
+//
+// What counts: a line whose message.content / response is not empty, or
+// that carries tool_calls, is output; message.thinking / thinking is
+// reasoning; logprobs entries count its tokens. The done:true line is the
+// end (Done): done_reason is the finish reason, eval_count the output
+// count (0 when omitted), prompt_eval_count the input count, and the
+// durations the engine's own timings. Ollama sends no id.
+func ParseOllama(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	var engine EngineTimes
+	var evalCount []byte
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "model":
+			c.Model, _ = strVal(v)
+		case "message":
+			eachMember(v, func(k, v []byte) bool {
+				ollamaContent(k, v, c)
+				return true
+			})
+		case "response", "thinking", "tool_calls":
+			ollamaContent(k, v, c)
+		case "logprobs":
+			if n := countElements(v); n > 0 {
+				c.Tokens, c.TokensFrom = int64(n), SourceLogprobs
+			}
+		case "done":
+			c.Done = boolVal(v)
+		case "done_reason":
+			c.FinishReason, _ = strVal(v)
+		case "eval_count":
+			evalCount = v
+		case "prompt_eval_count":
+			if n, ok := intVal(v); ok {
+				c.PromptTokens, c.HasPrompt = n, true
+			}
+		case "total_duration":
+			engine.setNanos(EngineTotal, v)
+		case "load_duration":
+			engine.setNanos(EngineLoad, v)
+		case "prompt_eval_duration":
+			engine.setNanos(EnginePrompt, v)
+		case "eval_duration":
+			engine.setNanos(EngineDecode, v)
+		case "error":
+			c.Error = true
+			if s, ok := strVal(v); ok {
+				c.ErrorType = s // the message: Rejection looks for "overload" and kin in it
+			} else {
+				parseError(v, c)
+			}
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	if c.Done {
+		c.Usage = true
+		c.CompletionTokens, _ = intVal(evalCount) // omitted when zero
+		c.Engine = engine
+	} else if n, ok := intVal(evalCount); ok {
+		c.CompletionTokens, c.Usage = n, true
+	}
+}
+
+func ollamaContent(k, v []byte, c *Chunk) {
+	switch string(k) {
+	case "content", "response":
+		c.Output = c.Output || nonEmptyStr(v)
+	case "thinking":
+		c.Reasoning = c.Reasoning || nonEmptyStr(v)
+	case "tool_calls":
+		c.Output = c.Output || countElements(v) > 0
+	}
+}
+
+// ParseTGI reads one payload of text-generation-inference's native API
+// into c: the data of one SSE event of POST /generate_stream, or a whole
+// POST /generate body. It never allocates.
+//
+// Sources: huggingface/text-generation-inference router/src/lib.rs
+// (StreamResponse: index, token {id, text, logprob, special},
+// top_tokens, generated_text, details; StreamDetails: finish_reason,
+// generated_tokens, seed, input_length; GenerateResponse: generated_text,
+// details; FinishReason: length, eos_token, stop_sequence; ErrorResponse:
+// error, error_type) and router/src/server.rs (generate_stream_internal:
+// one event per generated token, the last one with generated_text set and
+// details when parameters.details is true; no "[DONE]"; an error as an
+// ErrorResponse event).
+//
+// What counts: every event with a token object is one generated token
+// (Tokens 1, exact: the engine gives its id); an event with
+// generated_text set is the end (Done), its details the finish reason
+// and the output (generated_tokens) and input (input_length) counts.
+// error_type "overloaded" is a rejection. TGI sends no id.
+func ParseTGI(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "token":
+			if isObject(v) {
+				c.Output = true
+				c.Tokens, c.TokensFrom = 1, SourceTokenIDs
+			}
+		case "generated_text":
+			if _, ok := strVal(v); ok {
+				c.Done = true
+			}
+		case "details":
+			eachMember(v, func(k, v []byte) bool {
+				switch string(k) {
+				case "finish_reason":
+					c.FinishReason, _ = strVal(v)
+				case "generated_tokens":
+					if n, ok := intVal(v); ok {
+						c.CompletionTokens, c.Usage = n, true
+					}
+				case "input_length":
+					if n, ok := intVal(v); ok {
+						c.PromptTokens, c.HasPrompt = n, true
+					}
+				}
+				return true
+			})
+		case "error":
+			c.Error = true
+			if _, ok := strVal(v); ok {
+				if c.ErrorType == nil {
+					c.ErrorType = []byte("error")
+				}
+			} else {
+				parseError(v, c)
+			}
+		case "error_type":
+			if s, ok := strVal(v); ok {
+				c.ErrorType = s
+			}
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+	}
+}
+
+// ParseLlamaCpp reads one payload of llama.cpp server's native completion
+// API into c: the data of one SSE event of POST /completion (or
+// /completions without /v1) with "stream":true, or a whole
+// non-streaming body. It never allocates.
+//
+// Sources: ggml-org/llama.cpp tools/server/server-task.cpp
+// (server_task_result_cmpl_partial::to_json_non_oaicompat: index,
+// content, tokens, stop:false, id_slot, tokens_predicted,
+// tokens_evaluated, timings when set, completion_probabilities;
+// server_task_result_cmpl_final::to_json_non_oaicompat: stop:true, model,
+// stop_type eos|word|limit|none, stopping_word, tokens_cached, timings
+// {cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms, ...}) and
+// server-context.cpp (the native stream ends after the stop:true event,
+// with no "[DONE]"; a mid-stream error is {"error":{code,message,type}}).
+//
+// What counts: non-empty content is output; tokens (with return_tokens)
+// or completion_probabilities entries count its tokens; stop:true is the
+// end (Done), stop_type the finish reason; tokens_predicted is the
+// engine's output count so far (exact on the last event), tokens_evaluated
+// the input count, timings.cache_n the cached input, timings.prompt_ms
+// and predicted_ms the engine's prefill and decode times.
+func ParseLlamaCpp(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	probs := 0
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "content":
+			c.Output = nonEmptyStr(v)
+		case "tokens":
+			if n := countElements(v); n > 0 {
+				c.Tokens, c.TokensFrom = int64(n), SourceTokenIDs
+			}
+		case "completion_probabilities":
+			probs = max(countElements(v), 0)
+		case "stop":
+			c.Done = boolVal(v)
+		case "stop_type":
+			c.FinishReason, _ = strVal(v)
+		case "model":
+			c.Model, _ = strVal(v)
+		case "tokens_predicted":
+			if n, ok := intVal(v); ok {
+				c.CompletionTokens, c.Usage = n, true
+			}
+		case "tokens_evaluated":
+			if n, ok := intVal(v); ok {
+				c.PromptTokens, c.HasPrompt = n, true
+			}
+		case "timings":
+			parseLlamaTimings(v, c)
+		case "error":
+			c.Error = true
+			if isObject(v) {
+				parseError(v, c)
+			} else {
+				c.ErrorType = []byte("error")
+			}
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	if c.TokensFrom == SourceNone && probs > 0 && c.Output {
+		c.Tokens, c.TokensFrom = int64(probs), SourceLogprobs
+	}
+	if !c.Output {
+		c.Tokens, c.TokensFrom = 0, SourceNone
+	}
+}
+
+// parseLlamaTimings reads llama.cpp's timings object (result_timings):
+// prompt_ms and predicted_ms are the engine's prefill and decode times,
+// cache_n the prompt tokens reused from its cache.
+func parseLlamaTimings(v []byte, c *Chunk) {
+	eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "prompt_ms":
+			c.Engine.setMillis(EnginePrompt, v)
+		case "predicted_ms":
+			c.Engine.setMillis(EngineDecode, v)
+		case "cache_n":
+			if n, ok := intVal(v); ok && n > 0 {
+				c.CachedTokens = n
+			}
+		}
+		return true
+	})
+}

@@ -1,0 +1,192 @@
+package stream
+
+import "bytes"
+
+// ParseResponses reads one OpenAI Responses API payload into c: the data
+// of one typed SSE event of POST /v1/responses with "stream":true, or a
+// whole non-streaming response object. It never allocates.
+//
+// Sources: the ResponseStreamEvent union of OpenAI's API
+// (openai/openai-openapi openapi.yaml: ResponseTextDeltaEvent,
+// ResponseReasoningTextDeltaEvent, ResponseCompletedEvent,
+// ResponseIncompleteEvent, ResponseFailedEvent, ResponseErrorEvent, and
+// the Response object with its ResponseUsage), and two servers of it:
+// Ollama v0.17.4 (openai/responses.go, ResponsesStreamConverter: the
+// sequence response.created, response.in_progress, output_item and
+// content_part events, response.output_text.delta..., response.completed
+// with usage) and vLLM (vllm/entrypoints/openai/responses; "event: {type}"
+// and no "[DONE]"). Every event repeats its type in the payload, so the
+// SSE event name is not needed.
+//
+// What counts:
+//   - output: response.output_text.delta, response.refusal.delta,
+//     response.function_call_arguments.delta and the other deltas of
+//     generated text (custom tool input, code interpreter code, MCP call
+//     arguments, audio transcript), when their delta is not empty;
+//     logprobs on an output_text delta give its token count;
+//   - reasoning: response.reasoning_text.delta and
+//     response.reasoning_summary_text.delta;
+//   - the end: response.completed and response.incomplete (Done), with
+//     response.usage (input_tokens, output_tokens,
+//     input_tokens_details.cached_tokens) and a finish reason: the
+//     incomplete_details.reason, else the status ("completed");
+//   - errors: the "error" event (code and message, at the top level as
+//     the schema has them or under "error" as some servers send them)
+//     and response.failed (response.error.code); an HTTP error body
+//     {"error":{...}}.
+//
+// The response id (resp_...) and model come from the response object of
+// response.created (and of the terminal event).
+func ParseResponses(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	if bytes.Equal(d, doneMarker) {
+		c.Done = true
+		return
+	}
+	var typ, object, delta, logprobs, resp, errv, code []byte
+	ok := eachMember(d, func(k, v []byte) bool {
+		switch string(k) {
+		case "type":
+			typ, _ = strVal(v)
+		case "object":
+			object, _ = strVal(v)
+		case "delta":
+			delta = v
+		case "logprobs":
+			logprobs = v
+		case "response":
+			resp = v
+		case "error":
+			errv = v
+		case "code":
+			code = v
+		}
+		return true
+	})
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	switch string(typ) {
+	case "response.output_text.delta":
+		if nonEmptyStr(delta) {
+			c.Output = true
+			if n := countElements(logprobs); n > 0 {
+				c.Tokens, c.TokensFrom = int64(n), SourceLogprobs
+			}
+		}
+	case "response.refusal.delta", "response.function_call_arguments.delta",
+		"response.custom_tool_call_input.delta", "response.code_interpreter_call_code.delta",
+		"response.mcp_call_arguments.delta", "response.audio.transcript.delta":
+		c.Output = nonEmptyStr(delta)
+	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta":
+		c.Reasoning = nonEmptyStr(delta)
+	case "response.created", "response.in_progress", "response.queued":
+		parseResponseObject(resp, c)
+	case "response.completed", "response.incomplete":
+		status, reason := parseResponseObject(resp, c)
+		c.Done = true
+		c.FinishReason = status
+		if len(reason) > 0 {
+			c.FinishReason = reason
+		}
+	case "response.failed":
+		parseResponseObject(resp, c)
+		c.Error = true
+		if c.ErrorType == nil {
+			c.ErrorType = []byte("failed")
+		}
+	case "error":
+		c.Error = true
+		if isObject(errv) {
+			parseError(errv, c)
+		}
+		if s, ok := strVal(code); ok && len(s) > 0 && c.ErrorType == nil {
+			c.ErrorType = s
+		} else if n, ok := intVal(code); ok && c.ErrorCode == 0 {
+			c.ErrorCode = n
+		}
+		if c.ErrorType == nil {
+			c.ErrorType = []byte("error")
+		}
+	case "":
+		switch {
+		case string(object) == "response": // a whole non-streaming response
+			status, reason := parseResponseObject(d, c)
+			switch string(status) {
+			case "failed":
+				c.Error = true
+			case "completed", "incomplete":
+				c.Done = true
+				c.FinishReason = status
+				if len(reason) > 0 {
+					c.FinishReason = reason
+				}
+			}
+		case len(errv) > 0 && string(errv) != "null": // an HTTP error body
+			c.Error = true
+			if _, ok := strVal(errv); ok {
+				c.ErrorType = []byte("error")
+			} else {
+				parseError(errv, c)
+			}
+		}
+	}
+}
+
+// parseResponseObject reads a Responses API response object: id, model,
+// usage, error; it returns its status and incomplete_details.reason.
+func parseResponseObject(v []byte, c *Chunk) (status, reason []byte) {
+	eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "id":
+			c.ID, _ = strVal(v)
+		case "model":
+			c.Model, _ = strVal(v)
+		case "status":
+			status, _ = strVal(v)
+		case "incomplete_details":
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "reason" {
+					reason, _ = strVal(v)
+				}
+				return true
+			})
+		case "usage":
+			eachMember(v, func(k, v []byte) bool {
+				switch string(k) {
+				case "input_tokens":
+					if n, ok := intVal(v); ok {
+						c.PromptTokens, c.HasPrompt = n, true
+					}
+				case "output_tokens":
+					if n, ok := intVal(v); ok {
+						c.CompletionTokens, c.Usage = n, true
+					}
+				case "input_tokens_details":
+					eachMember(v, func(k, v []byte) bool {
+						if string(k) == "cached_tokens" {
+							c.CachedTokens, _ = intVal(v)
+						}
+						return true
+					})
+				}
+				return true
+			})
+		case "error":
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "code" {
+					if s, ok := strVal(v); ok && len(s) > 0 {
+						c.ErrorType = s
+					}
+				}
+				return true
+			})
+		}
+		return true
+	})
+	return status, reason
+}
+
+func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
