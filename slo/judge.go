@@ -116,6 +116,13 @@ func (b *Book) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Window is a sliding window of verdict counts, in slots: the view of one
 // instance, for the /slo page. Safe for concurrent use; touched once per
 // request, never per token.
+//
+// Each slot also keeps the instant of its first verdict, so that the
+// window knows the time its counts actually cover: from the first verdict
+// it still counts to now (docs/slo.md, goodput on /slo). Dividing by the
+// slots' span instead, rounded down to slot boundaries, under-read every
+// rate by up to a slot (160 requests in 19.9 s read 2.10/s instead of
+// 8.03/s with a 1 h window of 1 min slots).
 type Window struct {
 	mu    sync.Mutex
 	slot  time.Duration
@@ -124,6 +131,7 @@ type Window struct {
 
 type slotCounts struct {
 	start              time.Time
+	first              time.Time // the slot's first verdict
 	offered, qualified int64
 	tokens             int64
 	failures           map[string]int64
@@ -141,7 +149,9 @@ func (w *Window) Add(now time.Time, v record.Verdict, qualifiedTokens int64) {
 	start := now.Truncate(w.slot)
 	s := &w.slots[int(start.UnixNano()/int64(w.slot))%len(w.slots)]
 	if !s.start.Equal(start) {
-		*s = slotCounts{start: start}
+		*s = slotCounts{start: start, first: now}
+	} else if now.Before(s.first) {
+		s.first = now
 	}
 	s.offered++
 	if v.Qualified {
@@ -157,7 +167,7 @@ func (w *Window) Add(now time.Time, v record.Verdict, qualifiedTokens int64) {
 }
 
 // Totals sums the slots within the window ending at now; span is the
-// time the sum covers.
+// time the sum covers: from the first verdict counted to now.
 func (w *Window) Totals(now time.Time) (offered, qualified, tokens int64, failures map[string]int64, span time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -174,8 +184,8 @@ func (w *Window) Totals(now time.Time) (offered, qualified, tokens int64, failur
 		for k, v := range s.failures {
 			failures[k] += v
 		}
-		if s.start.Before(oldest) {
-			oldest = s.start
+		if s.first.Before(oldest) {
+			oldest = s.first
 		}
 	}
 	return offered, qualified, tokens, failures, now.Sub(oldest)
