@@ -110,7 +110,7 @@ func readAll(t *testing.T) map[string]jsonDashboard {
 // matchers.
 func TestDashboardsAreComplete(t *testing.T) {
 	plugins.RegisterDefaultPlugins()
-	cites := regexp.MustCompile(`docs/(measurement\.md §\d|metrics\.md|slo\.md|energy\.md|probe\.md|records-file\.md|design\.md|config\.md)`)
+	cites := regexp.MustCompile(`docs/(measurement\.md §\d|metrics\.md|slo\.md|energy\.md|probe\.md|records-file\.md|design\.md|config\.md|engine-signals\.md)`)
 	selector := regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}`)
 	uids := map[string]bool{}
 	panels, targets := 0, 0

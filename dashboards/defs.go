@@ -313,22 +313,31 @@ func canaryBoard() board {
 func engineBoard() board {
 	return board{
 		file: "tokentap-engine.json", uid: "tokentap-engine", title: "tokentap / Engine", tags: tags,
-		desc: "The engine's own signals as the sidecar reads them (running and waiting requests, KV cache, preemptions), beside what the sidecar measures (in-flight requests, stalls) (docs/metrics.md).",
+		desc: "The engine's own signals as the sidecar scrapes them from the engine's metrics endpoint (running and waiting requests, KV cache, preemptions), beside what the sidecar measures (in-flight requests, stalls, TTFT) (docs/engine-signals.md).",
 		vars: []string{"model"},
 		rows: []row{
 			{title: "Scheduler", panels: []panel{
+				{kind: kStat, title: "Engine metrics scraped", w: 6, h: 6, min: fp(0), max: fp(1),
+					desc:    "tokentap_engine_up per sidecar and engine: 1 if the sidecar's last scrape of the engine's metrics endpoint succeeded (docs/engine-signals.md). The panels below are empty while it is 0.",
+					targets: []target{{expr: `tokentap_engine_up{` + sel + `}`, legend: "{{instance}} {{engine}}"}}},
+				{title: "TTFT p95: the engine's own histogram vs what clients felt", unit: "s", w: 18, h: 6, min: fp(0),
+					desc: "The engine's TTFT histogram as it reports it (tokentap_engine_time_to_first_token_seconds, re-exported with the engine's buckets; docs/engine-signals.md) against the sidecar's TTFT of live traffic (t_first_token − t_arrive at the sidecar; docs/measurement.md §3). The gap is what the engine's own number leaves out (its definition of the first token, the HTTP path).",
+					targets: []target{
+						{expr: hq("0.95", "tokentap_engine_time_to_first_token_seconds", sel, "engine"), legend: "{{engine}} engine-reported p95"},
+						{expr: hq("0.95", "gen_ai_server_time_to_first_token_seconds", selLive, ""), legend: "sidecar-measured p95 (live)"},
+					}},
 				{title: "Running and waiting requests (engine) vs in flight (sidecar)", unit: "short", w: 12, h: 8, min: fp(0),
-					desc: "The engine's running and waiting (queued) requests (tokentap_engine_requests_running, tokentap_engine_requests_waiting; docs/metrics.md), and the requests in flight through the sidecar (tokentap_requests_in_flight: arrived, no outcome yet). Waiting requests are queueing time that TTFT pays (docs/measurement.md §3).",
+					desc: "The engine's running and waiting (queued) requests (tokentap_engine_requests_running, tokentap_engine_requests_waiting, summed over data-parallel engines; docs/engine-signals.md), and the requests in flight through the sidecar (tokentap_requests_in_flight: arrived, no outcome yet). Waiting requests are queueing time that TTFT pays (docs/measurement.md §3).",
 					targets: []target{
 						{expr: `sum by (instance) (tokentap_engine_requests_running{` + sel + `})`, legend: "{{instance}} running (engine)"},
 						{expr: `sum by (instance) (tokentap_engine_requests_waiting{` + sel + `})`, legend: "{{instance}} waiting (engine)"},
 						{expr: `sum by (instance) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} in flight (sidecar)"},
 					}},
 				{title: "KV cache usage", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1), thresholds: []float64{0.9, 0.98},
-					desc:    "The engine's KV cache usage, 0 to 1 (tokentap_engine_kv_cache_usage_ratio; docs/metrics.md). Near 1 the engine preempts sequences, which the client feels as stalls.",
+					desc:    "The engine's KV cache usage, 0 to 1 (tokentap_engine_kv_cache_usage_ratio, the highest of its data-parallel engines; docs/engine-signals.md). Near 1 the engine preempts sequences, which the client feels as stalls.",
 					targets: []target{{expr: `max by (instance) (tokentap_engine_kv_cache_usage_ratio{` + sel + `})`, legend: "{{instance}}"}}},
 				{title: "Preemptions with stalls overlaid", unit: "short", w: 24, h: 9, min: fp(0), rightAxis: "stalls/s$", rightUnit: "short",
-					desc: "Left: engine preemptions per second (rate of tokentap_engine_preemptions_total, by engine; docs/metrics.md). Right, as bars: stalls per second seen by the clients (gaps between token events above slo.stall_threshold, from tokentap_stalls_per_request; docs/measurement.md §6). Preemption bursts followed by stalls are the engine evicting sequences.",
+					desc: "Left: engine preemptions per second (rate of tokentap_engine_preemptions_total, by engine; docs/engine-signals.md). Right, as bars: stalls per second seen by the clients (gaps between token events above slo.stall_threshold, from tokentap_stalls_per_request; docs/measurement.md §6). Preemption bursts followed by stalls are the engine evicting sequences.",
 					targets: []target{
 						{expr: `sum by (engine) (rate(tokentap_engine_preemptions_total{` + sel + `}[` + ri + `]))`, legend: "{{engine}} preemptions/s"},
 						{expr: hsum("tokentap_stalls_per_request", selM, ""), legend: "stalls/s"},
