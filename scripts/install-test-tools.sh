@@ -8,6 +8,11 @@
 #                         receiver for the tracing tests); built from source,
 #                         about ten minutes on two cores the first time
 #   staticcheck           pinned below; `go install`ed
+#   helm                  pinned below; built from its Go module (about three
+#                         minutes on two cores the first time): the chart's
+#                         lint and template checks (tools/deploycheck)
+#   buildah               Debian package: builds the Dockerfile's images
+#                         without a daemon or a registry (tools/deploycheck)
 #
 # Go binaries go to $(go env GOBIN), or $(go env GOPATH)/bin when GOBIN is
 # unset; put that folder on PATH (scripts/test.sh does).
@@ -15,6 +20,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
 STATICCHECK_VERSION=v0.8.2 # honnef.co/go/tools/cmd/staticcheck
+HELM_VERSION=v3.22.0       # helm.sh/helm/v3/cmd/helm
 # Jaeger's version is the one that tools/jaeger/go.mod requires.
 JAEGER_VERSION="$(awk '$1 == "github.com/jaegertracing/jaeger" { print $2; exit }' "$root/tools/jaeger/go.mod")"
 if [ -z "$JAEGER_VERSION" ]; then
@@ -52,6 +58,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
 fi
 
+# buildah (Debian), for the image test.
+if ! command -v buildah >/dev/null 2>&1; then
+  echo "installing buildah (apt-get; needs root)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends buildah >/dev/null
+fi
+
 # jaeger, built from the pinned tool module. Rebuilt only when the binary is
 # missing or was built from another Jaeger version.
 have="$(modversion "$gobin/jaeger" github.com/jaegertracing/jaeger)"
@@ -70,7 +84,16 @@ if [ "$have" != "$STATICCHECK_VERSION" ] || [ "$have_go" != "$want_go" ]; then
   GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
 
+# helm, built from its Go module at the pinned version.
+have="$(modversion "$gobin/helm" helm.sh/helm/v3)"
+if [ "$have" != "$HELM_VERSION" ]; then
+  echo "building helm $HELM_VERSION from its Go module (have: ${have:-none}; ~3 min on two cores)"
+  GOBIN="$gobin" CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+
 echo "jaeger:      $gobin/jaeger ($(modversion "$gobin/jaeger" github.com/jaegertracing/jaeger), tools/jaeger)"
 echo "staticcheck: $gobin/staticcheck ($("$gobin/staticcheck" -version 2>&1 | head -1))"
 echo "prometheus:  $(command -v prometheus) ($(prometheus --version 2>&1 | head -1))"
 echo "promtool:    $(command -v promtool) ($(promtool --version 2>&1 | head -1))"
+echo "helm:        $gobin/helm ($(modversion "$gobin/helm" helm.sh/helm/v3))"
+echo "buildah:     $(command -v buildah) ($(buildah --version 2>&1 | head -1))"

@@ -15,6 +15,11 @@
 #   build        a CGO_ENABLED=0 build of ./cmd/sidecar
 #   test         `go test -race -count=1 ./...` with CI=true, so an integration
 #                test whose tool is missing fails instead of skipping
+#   deploy       tools/deploycheck, its own module: tidy, vet, then its tests:
+#                the Kubernetes manifests and the Helm chart (helm lint, helm
+#                template decoded strictly into k8s.io/api types), the compose
+#                example, and the Dockerfile's two images built with buildah
+#                and run (several minutes on two cores)
 #   fuzz         every fuzz target (found with `go test -list '^Fuzz'`) for
 #                FUZZTIME each (default 15s); skipped with --quick
 #
@@ -82,6 +87,17 @@ CGO_ENABLED=0 go build -o "${TMPDIR:-/tmp}/tokentap-sidecar-static" ./cmd/sideca
 
 step "test" "(CI=true go test -race -count=1 ./...)"
 go test -race -count=1 ./...
+
+step "deploy" "(tools/deploycheck: tidy, vet, go test -count=1 ./...)"
+(
+  cd tools/deploycheck
+  if ! go mod tidy -diff; then
+    echo "tools/deploycheck: go.mod/go.sum are not tidy: run 'go mod tidy' there and commit the result" >&2
+    exit 1
+  fi
+  go vet ./...
+  go test -count=1 -timeout 40m ./...
+)
 
 if [ "$quick" = true ]; then
   step "fuzz" "(skipped: --quick)"
