@@ -141,6 +141,7 @@ type Sidecar struct {
 	engine   *engine.Scraper // nil when engine.enabled is off
 	proxy    *proxy.Proxy
 	ready    *readiness
+	upInfo   *upstreamInfo
 	prober   *probe.Prober
 	nprobes  int
 	proxySrv *http.Server
@@ -307,7 +308,8 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
 
 	// Admin endpoints.
-	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics)
+	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics, log)
+	s.upInfo = newUpstreamInfo(metrics.Registry)
 	ready.probes = s.prober
 	s.ready = ready
 	admin := http.NewServeMux()
@@ -412,7 +414,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	} else {
 		close(engineDone)
 	}
+	s.ready.announce()
 	go keepUpstreamUp(engineCtx, s.ready) // tokentap_upstream_up, for the alert (docs/alerts.md)
+	go watchEngine(engineCtx, s.upstream, cfg.Engine.Kind, s.upInfo, s.proxy.SetEngine, log)
 	modelsCtx, stopModels := context.WithCancel(context.Background())
 	defer stopModels()
 	go refreshModels(modelsCtx, s.upstream, s.metrics.Models(), log)

@@ -695,8 +695,9 @@ func (t *tap) usageChunk(data []byte) bool {
 // include_usage is on. Without the sidecar's request the member would
 // not be there, so strip mode removes it and leaves the rest of the
 // chunk byte for byte. A "usage":null (OpenAI's own API marks every chunk
-// so once usage is asked for; SGLang always does) is left alone: the
-// sidecar cannot tell which engine caused it (docs/design.md).
+// so once usage is asked for) is left alone: a null is no count, and the
+// sidecar cannot tell whether the engine would have sent it anyway
+// (docs/design.md).
 func addedUsage(c *stream.Chunk) bool {
 	return (c.Usage || c.HasPrompt) && c.Choices > 0 && !c.Error
 }

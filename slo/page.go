@@ -14,7 +14,7 @@ type Status struct {
 	Name                string   `json:"name"`
 	Target              float64  `json:"target"`
 	WindowSeconds       float64  `json:"window_seconds"`
-	SpanSeconds         float64  `json:"span_seconds"` // the part of the window with data
+	SpanSeconds         float64  `json:"span_seconds"` // the time the counts cover: from the first request counted to now
 	Offered             int64    `json:"offered"`
 	Qualified           int64    `json:"qualified"`
 	Attainment          *float64 `json:"attainment"`         // null with no requests
