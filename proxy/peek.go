@@ -71,21 +71,7 @@ const (
 )
 
 // formatOf is the wire format of an API's responses.
-func formatOf(api record.API) stream.Format {
-	switch api {
-	case record.APIResponses:
-		return stream.FormatResponses
-	case record.APIMessages:
-		return stream.FormatMessages
-	case record.APIOllamaChat, record.APIOllamaGenerate:
-		return stream.FormatOllama
-	case record.APITGIGenerate:
-		return stream.FormatTGI
-	case record.APILlamaCppCompletion:
-		return stream.FormatLlamaCpp
-	}
-	return stream.FormatOpenAI
-}
+func formatOf(api record.API) stream.Format { return stream.FormatOfAPI(string(api)) }
 
 // injectable reports whether the API has a way to ask the engine for
 // usage in a stream: only OpenAI's stream_options.include_usage (chat and

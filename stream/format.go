@@ -46,6 +46,27 @@ func (f Format) String() string {
 	return "openai"
 }
 
+// FormatOfAPI is the format of the responses of a record's api (record.API
+// as a string: stream imports no package of this project): "responses",
+// "messages", "ollama_chat" and "ollama_generate", "tgi_generate",
+// "llamacpp_completion"; FormatOpenAI for the rest. For content capture
+// and answer checks (AnswerTextOf) outside the tap.
+func FormatOfAPI(api string) Format {
+	switch api {
+	case "responses":
+		return FormatResponses
+	case "messages":
+		return FormatMessages
+	case "ollama_chat", "ollama_generate":
+		return FormatOllama
+	case "tgi_generate":
+		return FormatTGI
+	case "llamacpp_completion":
+		return FormatLlamaCpp
+	}
+	return FormatOpenAI
+}
+
 // Parse reads one payload of format f into c. It never allocates.
 func Parse(f Format, data []byte, c *Chunk) {
 	switch f {
