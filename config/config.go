@@ -45,7 +45,9 @@ type Config struct {
 	PeekBytes int `yaml:"peek_bytes"`
 	// Timeout bounds a whole proxied request; 0 means none.
 	Timeout time.Duration `yaml:"timeout"`
-	// UpstreamHealthPath is what /readyz asks the upstream (GET, 2xx = up).
+	// UpstreamHealthPath is what /readyz asks the upstream (GET, 2xx = up);
+	// "auto" (the default) finds the engine's: /health, then /v1/models,
+	// /api/version, / (the first route the engine has).
 	UpstreamHealthPath string `yaml:"upstream_health_path"`
 	// ShutdownGrace is how long in-flight streams may run on after SIGTERM.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
@@ -94,7 +96,7 @@ func Defaults() Config {
 		MaxModels:          20,
 		PeekBytes:          1 << 20,
 		Timeout:            10 * time.Minute,
-		UpstreamHealthPath: "/health",
+		UpstreamHealthPath: "auto",
 		ShutdownGrace:      30 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		BodyReadTimeout:    30 * time.Second,
@@ -202,7 +204,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxModels, "max-models", c.MaxModels, "distinct model label values before the rest become _other")
 	fs.IntVar(&c.PeekBytes, "peek-bytes", c.PeekBytes, "request body bytes read before forwarding (model, stream, max_tokens)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on a whole proxied request, stream included (0 = none)")
-	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream")
+	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream; auto finds it: /health, /v1/models, /api/version, /")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM; later ones are cut and recorded as error/shutdown")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close client keep-alive connections idle this long between requests (0 = never)")
 	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", c.BodyReadTimeout, "cut a client whose request body sends nothing for this long, with a 408 (0 = never); never applies to responses")
@@ -285,8 +287,8 @@ func (c *Config) Validate() []error {
 	if c.MaxConnections < 0 {
 		bad("max_connections: must not be negative")
 	}
-	if !strings.HasPrefix(c.UpstreamHealthPath, "/") {
-		bad("upstream_health_path: must start with /, got %q", c.UpstreamHealthPath)
+	if c.UpstreamHealthPath != "auto" && !strings.HasPrefix(c.UpstreamHealthPath, "/") {
+		bad("upstream_health_path: must be auto or start with /, got %q", c.UpstreamHealthPath)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
