@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,8 +13,13 @@ import (
 
 // ProbeDef is one named probe. Zero fields take the defaults given per field.
 type ProbeDef struct {
-	Name   string `yaml:"name"`
-	API    string `yaml:"api"`    // chat (default) or completions
+	Name string `yaml:"name"`
+	// API is the wire format and route the probe speaks: chat (default,
+	// /v1/chat/completions), completions, responses (/v1/responses),
+	// messages (/v1/messages), ollama_chat (/api/chat), ollama_generate
+	// (/api/generate), tgi_generate (/generate_stream, /generate) or
+	// llamacpp_completion (/completion).
+	API    string `yaml:"api"`
 	Stream *bool  `yaml:"stream"` // default true
 	Model  string `yaml:"model"`  // sent as is; default: the simulator's model or "default"
 	// Prompt is sent as the user message (chat) or prompt (completions).
@@ -75,6 +81,11 @@ type Probes struct {
 	// History is how many recent results each probe keeps for /probes;
 	// default 50. Failures are kept in a second list of the same size.
 	History int `yaml:"history"`
+}
+
+// ProbeAPIs returns the APIs a probe can speak.
+func ProbeAPIs() []string {
+	return []string{"chat", "completions", "responses", "messages", "ollama_chat", "ollama_generate", "tgi_generate", "llamacpp_completion"}
 }
 
 // WithDefaults fills the zero fields; call Validate first.
@@ -161,8 +172,8 @@ func (c Probes) Validate() []error {
 		if len(name) > 64 {
 			bad("name longer than 64 bytes")
 		}
-		if d.API != "" && d.API != "chat" && d.API != "completions" {
-			bad("api must be chat or completions, got %q", d.API)
+		if d.API != "" && !slices.Contains(ProbeAPIs(), d.API) {
+			bad("api must be one of %s, got %q", strings.Join(ProbeAPIs(), ", "), d.API)
 		}
 		if d.Schedule != "" && d.Schedule != "fixed" && d.Schedule != "poisson" {
 			bad("schedule must be fixed or poisson, got %q", d.Schedule)

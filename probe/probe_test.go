@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -233,4 +234,65 @@ func TestFastWrongAnswerFails(t *testing.T) {
 			t.Fatal("/probes keeps no failure")
 		}
 	})
+}
+
+// A probe speaks each API in its own shape, on its own route, and checks
+// the answer through that format's adapter: every format's canary can
+// succeed, and fail on a wrong answer.
+func TestProbeOnEveryAPI(t *testing.T) {
+	streams := map[string]struct{ path, ctype, body string }{
+		"chat":        {"/v1/chat/completions", "text/event-stream", `data: {"choices":[{"delta":{"content":"Paris"},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"},
+		"completions": {"/v1/completions", "text/event-stream", `data: {"choices":[{"text":"Paris","finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"},
+		"responses": {"/v1/responses", "text/event-stream",
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Paris\"}\n\n" +
+				"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n"},
+		"messages": {"/v1/messages", "text/event-stream",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n" +
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Paris\"}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":1}}\n\n" +
+				"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+		"ollama_chat": {"/api/chat", "application/x-ndjson", `{"model":"m","message":{"role":"assistant","content":"Paris"},"done":false}` + "\n" +
+			`{"model":"m","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":1,"prompt_eval_count":3}` + "\n"},
+		"ollama_generate": {"/api/generate", "application/x-ndjson", `{"model":"m","response":"Paris","done":false}` + "\n" +
+			`{"model":"m","response":"","done":true,"done_reason":"stop","eval_count":1,"prompt_eval_count":3}` + "\n"},
+		"tgi_generate":        {"/generate_stream", "text/event-stream", `data:{"index":1,"token":{"id":1,"text":"Paris","logprob":0,"special":false},"generated_text":"Paris","details":{"finish_reason":"eos_token","generated_tokens":1}}` + "\n\n"},
+		"llamacpp_completion": {"/completion", "text/event-stream", `data: {"content":"Paris","stop":false}` + "\n\n" + `data: {"content":"","stop":true,"stop_type":"eos","tokens_predicted":1}` + "\n\n"},
+	}
+	for api, s := range streams {
+		for _, answer := range []string{"Paris", "Lyon"} {
+			synctest.Test(t, func(t *testing.T) {
+				var gotPath string
+				var gotBody map[string]any
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					gotPath = r.URL.Path
+					json.NewDecoder(r.Body).Decode(&gotBody)
+					w.Header().Set("Content-Type", s.ctype)
+					io.WriteString(w, strings.ReplaceAll(s.body, "Paris", answer))
+				})
+				var recs sink
+				u, _ := url.Parse("http://engine.invalid")
+				cfg := Config{Probes: []Def{{Name: "p", API: api, Interval: time.Second, Expect: Expect{Contains: "Paris"}}}}.WithDefaults("m")
+				p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{h}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}})})
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { p.Run(ctx); close(done) }()
+				time.Sleep(500 * time.Millisecond)
+				cancel()
+				<-done
+				recs.mu.Lock()
+				defer recs.mu.Unlock()
+				r := recs.recs[0]
+				want := ResultSuccess
+				if answer != "Paris" {
+					want = ResultFailed
+				}
+				if gotPath != s.path || r.API != record.API(api) || r.Outcome != record.Success || r.Probe.Result != want {
+					t.Fatalf("%s answering %s: path %s api %s outcome %s/%s probe %+v", api, answer, gotPath, r.API, r.Outcome, r.ErrorType, r.Probe)
+				}
+				if gotBody == nil {
+					t.Fatalf("%s: the request body is not JSON", api)
+				}
+			})
+		}
+	}
 }

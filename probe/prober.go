@@ -280,17 +280,14 @@ func (c *capture) Flush() {}
 // SLO judge and exporter as live traffic, labelled traffic="canary".
 func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	d := &s.def
-	target, path := p.opts.Upstream, "/v1/chat/completions"
-	if d.API == "completions" {
-		path = "/v1/completions"
-	}
+	target, path := p.opts.Upstream, route(d)
 	if d.Target == "sidecar" && p.opts.Sidecar != nil {
 		target = p.opts.Sidecar
 	}
 	cw := &capture{h: http.Header{}}
 	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
 	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
-		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name})
+		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: engineOf(d.API)})
 	if err != nil {
 		p.log.Error("probe", "probe", d.Name, "err", err)
 		return
@@ -353,7 +350,7 @@ func (o *observer) check(r *record.Record) {
 		o.p.duration.WithLabelValues(d.Name).Set(v.Seconds())
 	}
 	if r.Outcome == record.Success {
-		text := stream.AnswerText(o.cw.body.Bytes(), r.Stream)
+		text := stream.AnswerTextOf(stream.FormatOfAPI(d.API), o.cw.body.Bytes(), r.Stream)
 		res.Check, res.Failure = o.s.checker.check(text, r.FinishReason, r.OutputTokens)
 		if res.Check != "" {
 			o.p.quality.WithLabelValues(d.Name, res.Check).Inc()
@@ -371,6 +368,18 @@ func (o *observer) check(r *record.Record) {
 	}
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: o.scheduled, Result: res.Result, Check: res.Check, Failure: res.Failure}
 	o.p.finish(o.s, res)
+}
+
+// engineOf is the engine kind a probe's API implies, for the routes
+// whose meaning depends on it (TGI's /generate).
+func engineOf(api string) string {
+	switch api {
+	case "tgi_generate":
+		return proxy.EngineTGI
+	case "llamacpp_completion":
+		return proxy.EngineLlamaCpp
+	}
+	return ""
 }
 
 func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
