@@ -187,13 +187,13 @@ func TestQualityChecks(t *testing.T) {
 func TestAnswerText(t *testing.T) {
 	sse := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" +
 		"data: {\"choices\":[{\"delta\":{\"content\":\"Par\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"is \\\"x\\\"\"}}]}\n\ndata: [DONE]\n\n"
-	if got := stream.AnswerText([]byte(sse), true); got != `Paris "x"` {
+	if got := stream.AnswerTextOf(stream.FormatOpenAI, []byte(sse), true); got != `Paris "x"` {
 		t.Fatalf("streamed text %q", got)
 	}
-	if got := stream.AnswerText([]byte(`{"choices":[{"message":{"content":"hi"}}]}`), false); got != "hi" {
+	if got := stream.AnswerTextOf(stream.FormatOpenAI, []byte(`{"choices":[{"message":{"content":"hi"}}]}`), false); got != "hi" {
 		t.Fatalf("whole text %q", got)
 	}
-	if got := stream.AnswerText([]byte(`{"choices":[{"text":" ok"}]}`), false); got != " ok" {
+	if got := stream.AnswerTextOf(stream.FormatOpenAI, []byte(`{"choices":[{"text":" ok"}]}`), false); got != " ok" {
 		t.Fatalf("completions text %q", got)
 	}
 }

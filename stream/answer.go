@@ -6,13 +6,6 @@ import (
 	"strings"
 )
 
-// AnswerText concatenates the generated text of an OpenAI response:
-// delta.content / text of every streamed chunk, or message.content / text
-// of a whole body.
-func AnswerText(body []byte, streamed bool) string {
-	return AnswerTextOf(FormatOpenAI, body, streamed)
-}
-
 // AnswerTextOf concatenates the generated text (not the reasoning) of a
 // response of format f: the deltas of a streamed one, or the text of a
 // whole body. A streamed Ollama body is read as NDJSON when it starts

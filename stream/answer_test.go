@@ -12,10 +12,10 @@ func TestAnswerText(t *testing.T) {
 		"data: {\"choices\":[{\"text\":\"is\"}]}\r\n\r\n" +
 		"data: not json\r\n\r\n" +
 		"data: [DONE]"
-	if got := AnswerText([]byte(sse), true); got != "Paris" {
+	if got := AnswerTextOf(FormatOpenAI, []byte(sse), true); got != "Paris" {
 		t.Fatalf("streamed: %q", got)
 	}
-	if got := AnswerText([]byte(`{"choices":[{"message":{"content":"a"}},{"message":{"content":"b"}}]}`), false); got != "ab" {
+	if got := AnswerTextOf(FormatOpenAI, []byte(`{"choices":[{"message":{"content":"a"}},{"message":{"content":"b"}}]}`), false); got != "ab" {
 		t.Fatalf("whole: %q", got)
 	}
 }
@@ -31,17 +31,17 @@ func FuzzAnswerText(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		whole := AnswerText(body, false)
-		streamed := AnswerText(body, true)
+		whole := AnswerTextOf(FormatOpenAI, body, false)
+		streamed := AnswerTextOf(FormatOpenAI, body, true)
 		if !bytes.ContainsAny(body, "\r\n") {
 			ev := append(append([]byte("data: "), body...), "\n\n"...)
-			if got := AnswerText(ev, true); got != whole {
+			if got := AnswerTextOf(FormatOpenAI, ev, true); got != whole {
 				t.Fatalf("%q: as one event %q, whole %q", body, got, whole)
 			}
 		}
 		if !bytes.Contains(body, []byte("\r")) {
 			crlf := bytes.ReplaceAll(body, []byte("\n"), []byte("\r\n"))
-			if got := AnswerText(crlf, true); got != streamed {
+			if got := AnswerTextOf(FormatOpenAI, crlf, true); got != streamed {
 				t.Fatalf("%q: with CRLF %q, with LF %q", body, got, streamed)
 			}
 		}

@@ -311,7 +311,7 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 			add(attribute.String("gen_ai.input.messages", msgs))
 		}
 		if captured != nil {
-			text := c.clean(stream.AnswerText(captured, rec.Stream))
+			text := c.clean(stream.AnswerTextOf(stream.FormatOfAPI(string(rec.API)), captured, rec.Stream))
 			out, _ := json.Marshal([]map[string]any{{"role": "assistant", "parts": []map[string]string{{"type": "text", "content": text}},
 				"finish_reason": rec.FinishReason}})
 			add(attribute.String("gen_ai.output.messages", string(out)))
@@ -356,7 +356,9 @@ func inputMessages(body []byte, c *ContentCapture) string {
 			Role    string          `json:"role"`
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
-		Prompt json.RawMessage `json:"prompt"`
+		Prompt json.RawMessage `json:"prompt"` // completions, Ollama generate, llama.cpp
+		Input  json.RawMessage `json:"input"`  // Responses
+		Inputs json.RawMessage `json:"inputs"` // TGI
 	}
 	if len(body) == 0 || json.Unmarshal(body, &req) != nil {
 		return ""
@@ -380,8 +382,10 @@ func inputMessages(body []byte, c *ContentCapture) string {
 	for _, m := range req.Messages {
 		out = append(out, msg{m.Role, []part{{"text", c.clean(text(m.Content))}}})
 	}
-	if len(req.Prompt) > 0 {
-		out = append(out, msg{"user", []part{{"text", c.clean(text(req.Prompt))}}})
+	for _, p := range []json.RawMessage{req.Prompt, req.Input, req.Inputs} {
+		if len(p) > 0 {
+			out = append(out, msg{"user", []part{{"text", c.clean(text(p))}}})
+		}
 	}
 	b, _ := json.Marshal(out)
 	return string(b)
