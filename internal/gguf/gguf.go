@@ -101,10 +101,10 @@ func (c Config) validate() error {
 		}
 	}
 	if c.Heads >= 1 && c.Embedding%c.Heads != 0 {
-		errs = append(errs, fmt.Errorf("Embedding (%d) must be a multiple of Heads (%d)", c.Embedding, c.Heads))
+		errs = append(errs, fmt.Errorf("embedding (%d) must be a multiple of heads (%d)", c.Embedding, c.Heads))
 	}
 	if c.Heads >= 1 && c.KVHeads >= 1 && c.Heads%c.KVHeads != 0 {
-		errs = append(errs, fmt.Errorf("Heads (%d) must be a multiple of KVHeads (%d)", c.Heads, c.KVHeads))
+		errs = append(errs, fmt.Errorf("heads (%d) must be a multiple of kv_heads (%d)", c.Heads, c.KVHeads))
 	}
 	if c.Heads >= 1 && c.Embedding%c.Heads == 0 && (c.Embedding/c.Heads)%2 != 0 {
 		errs = append(errs, fmt.Errorf("the head size (%d) must be even for RoPE", c.Embedding/c.Heads))
