@@ -325,8 +325,8 @@ func TestInvalidConfig(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{Embedding: 60, Heads: 8}, "multiple of Heads"},
-		{Config{Heads: 4, KVHeads: 3}, "multiple of KVHeads"},
+		{Config{Embedding: 60, Heads: 8}, "multiple of heads"},
+		{Config{Heads: 4, KVHeads: 3}, "multiple of kv_heads"},
 		{Config{Embedding: 12, Heads: 4}, "must be even"},
 		{Config{Layers: -1}, "Layers must be at least 1"},
 	} {
