@@ -24,6 +24,9 @@ type Status struct {
 	GoodputRequestsRate float64  `json:"goodput_requests_per_second"`
 	GoodputTokensRate   float64  `json:"goodput_tokens_per_second"`
 	TopFailures         []Reason `json:"top_failures"`
+	// Scorecard: cost, energy, latency tail and knee over the same
+	// window (scorecard.go); null when served without one.
+	Scorecard *Card `json:"scorecard,omitempty"`
 }
 
 // Reason is a failure reason and its count.
@@ -91,7 +94,8 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 <td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>
 <td class="{{.Verdict}}">{{.Verdict}}</td><td>{{num .GoodputRequestsRate}}</td><td>{{num .GoodputTokensRate}}</td>
 <td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>
-<p>met: the 95% lower bound is at or above target; missed: the 95% upper bound is below target; not_proven: the evidence does not decide.</p></body></html>`))
+<p>met: the 95% lower bound is at or above target; missed: the 95% upper bound is below target; not_proven: the evidence does not decide.</p>
+{{template "scorecards" .}}</body></html>`))
 
 func fmtFloat(f float64) string {
 	return strings.TrimRight(strings.TrimRight(strconvFormat(f), "0"), ".")
