@@ -260,10 +260,22 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}
 
 	// The end-of-request pipeline (package pipeline draws its stages).
+	// /slo adds the scorecard (cost, energy, latency tail, the knee) to
+	// the book's rows; the declared prices are exported for the cost
+	// rules (docs/cost.md).
 	book := slo.NewBook(cfg.SLO, metrics.Registry)
+	load := slo.NewLoadMeter(slo.NewLoadBuckets(cfg.Capacity))
+	scorecard := slo.NewScorecard(book, load.Buckets(), cfg.Cost, s.sampler != nil, metrics.Registry)
+	prices := exporter.Prices{Currency: cfg.Cost.Currency, PerHour: cfg.Cost.Hourly(), EnergyPerKWh: cfg.Cost.EnergyPerKWh}
+	metrics.RegisterPrices(prices, time.Now())
+	if s.otel.Metrics != nil {
+		if err = exporter.RegisterOTLPPrices(s.otel.Metrics, prices, time.Now()); err != nil {
+			return nil, err
+		}
+	}
 	pipe := pipeline.New(pipeline.Options{
 		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
-		Prometheus: metrics, OTLP: otlp, Book: book, Sinks: sinks,
+		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: scorecard, Sinks: sinks,
 	})
 
 	// The proxy, and the probes that send canary requests through the
@@ -319,7 +331,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}))
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	admin.Handle("GET /readyz", ready)
-	admin.Handle("GET /slo", book)
+	admin.Handle("GET /slo", scorecard)
 	admin.Handle("GET /probes", s.prober)
 
 	// Timeouts (design note): a request's headers must arrive within 30 s,

@@ -4,7 +4,7 @@
 // in which the record is completed and published.
 //
 //	proxy/tap ─ outcome, tokens final ─► End
-//	  1. live observers done            (in-flight gauges)
+//	  1. live observers done            (in-flight gauges; the load it ran under)
 //	  2. canary check                   (probe: quality check, rec.Probe)
 //	  3. SLO verdict                    (slo.Judge: classes, stalls, verdicts)
 //	     engine signals                 (engine.Scraper: preemptions during, stall cause)
@@ -53,6 +53,12 @@ type Options struct {
 	OTLP       *exporter.OTLP
 	// Book is this instance's /slo view (stage 6).
 	Book *slo.Book
+	// Load measures the load each request ran under (stage 1: rec.Load,
+	// rec.LoadBucket); nil measures none.
+	Load *slo.LoadMeter
+	// Scorecard adds cost, energy, latency tail and the knee to /slo
+	// (stage 6); nil: none.
+	Scorecard *slo.Scorecard
 	// Sinks receive every record last (stage 7).
 	Sinks []record.Sink
 }
@@ -104,6 +110,7 @@ type Request struct {
 	model  string // as requested
 	labels exporter.Labels
 	energy *gpu.Req
+	load   slo.LoadSpan
 	spans  *tracing.Spans
 	check  func(*record.Record)
 	ended  bool
@@ -117,6 +124,9 @@ func (p *Pipeline) Begin(ctx context.Context, rec *record.Record, s Start) (cont
 	q := &Request{p: p, live: p.o.Live.Begin(k), model: k.Model, labels: exporter.BaseLabels(k), check: s.Check}
 	if p.o.Energy != nil && s.PromptTokens >= 0 {
 		q.energy = p.o.Energy.Start(s.PromptTokens)
+	}
+	if p.o.Load != nil {
+		q.load = p.o.Load.Begin()
 	}
 	if s.HTTP != nil {
 		ctx, q.spans = p.o.Tracer.Start(ctx, s.HTTP, rec, s.Upstream, s.Params, s.Body)
@@ -164,8 +174,12 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	q.ended = true
 	p := q.p
 	// 1. The request is over for the live observers; its model label is
-	// decided (a name the engine served may take a slot).
+	// decided (a name the engine served may take a slot); the load it
+	// ran under is known.
 	q.live.Done()
+	if p.o.Load != nil {
+		rec.Load, rec.LoadBucket = q.load.End()
+	}
 	if p.o.Models != nil {
 		if served(rec) {
 			q.labels[exporter.LModel] = p.o.Models.Admit(q.model)
@@ -232,6 +246,9 @@ func (q *Request) publish(rec *record.Record, captured []byte) {
 	}
 	if p.o.Book != nil {
 		p.o.Book.Add(rec)
+	}
+	if p.o.Scorecard != nil {
+		p.o.Scorecard.Add(rec)
 	}
 	// 7. The record sinks, last.
 	p.Record(rec)
