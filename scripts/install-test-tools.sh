@@ -13,6 +13,10 @@
 #                         lint and template checks (tools/deploycheck)
 #   buildah               Debian package: builds the Dockerfile's images
 #                         without a daemon or a registry (tools/deploycheck)
+#   ollama                v0.17.4, pinned in tools/ollama/go.mod (a real engine
+#                         for enginetest/); built from source with cgo, CPU
+#                         only, about 6-11 minutes on two cores the first time;
+#                         needs Debian's nlohmann-json3-dev and libstb-dev
 #
 # Go binaries go to $(go env GOBIN), or $(go env GOPATH)/bin when GOBIN is
 # unset; put that folder on PATH (scripts/test.sh does).
@@ -25,6 +29,12 @@ HELM_VERSION=v3.22.0       # helm.sh/helm/v3/cmd/helm
 JAEGER_VERSION="$(awk '$1 == "github.com/jaegertracing/jaeger" { print $2; exit }' "$root/tools/jaeger/go.mod")"
 if [ -z "$JAEGER_VERSION" ]; then
   echo "install-test-tools: no github.com/jaegertracing/jaeger requirement in tools/jaeger/go.mod" >&2
+  exit 1
+fi
+# Ollama's version is the one that tools/ollama/go.mod requires.
+OLLAMA_VERSION="$(awk '$1 == "github.com/ollama/ollama" { print $2; exit }' "$root/tools/ollama/go.mod")"
+if [ -z "$OLLAMA_VERSION" ]; then
+  echo "install-test-tools: no github.com/ollama/ollama requirement in tools/ollama/go.mod" >&2
   exit 1
 fi
 
@@ -91,9 +101,41 @@ if [ "$have" != "$HELM_VERSION" ]; then
   GOBIN="$gobin" CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
+# ollama, built from the pinned tool module. Rebuilt only when the binary is
+# missing or was built from another Ollama version. Its llama.cpp includes
+# nlohmann/json.hpp and stb/stb_image.h (Debian) and miniaudio/miniaudio.h,
+# which malgo's module (pinned in tools/ollama/go.mod) ships: a stable
+# folder holds a "miniaudio" link to it, so that the include path, and with
+# it Go's build cache of the C and C++ objects, is the same on every run.
+have="$(modversion "$gobin/ollama" github.com/ollama/ollama)"
+if [ "$have" != "$OLLAMA_VERSION" ]; then
+  echo "building ollama $OLLAMA_VERSION from tools/ollama (have: ${have:-none}; 6-11 min on two cores)"
+  if ! dpkg -s nlohmann-json3-dev libstb-dev >/dev/null 2>&1; then
+    echo "installing nlohmann-json3-dev and libstb-dev (apt-get; needs root)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends nlohmann-json3-dev libstb-dev >/dev/null
+  fi
+  (
+    cd "$root/tools/ollama"
+    malgo="$(go list -m -f '{{.Dir}}' github.com/gen2brain/malgo)"
+    if [ ! -f "$malgo/miniaudio.h" ]; then
+      go mod download github.com/gen2brain/malgo
+      malgo="$(go list -m -f '{{.Dir}}' github.com/gen2brain/malgo)"
+    fi
+    inc="${XDG_CACHE_HOME:-$HOME/.cache}/tokentap/ollama-include"
+    mkdir -p "$inc"
+    ln -sfn "$malgo" "$inc/miniaudio"
+    CGO_ENABLED=1 CGO_CPPFLAGS="-I$inc" CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}" \
+      go build -ldflags "-X github.com/ollama/ollama/version.Version=${OLLAMA_VERSION#v}" \
+      -o "$gobin/ollama" github.com/ollama/ollama
+  )
+fi
+
 echo "jaeger:      $gobin/jaeger ($(modversion "$gobin/jaeger" github.com/jaegertracing/jaeger), tools/jaeger)"
 echo "staticcheck: $gobin/staticcheck ($("$gobin/staticcheck" -version 2>&1 | head -1))"
 echo "prometheus:  $(command -v prometheus) ($(prometheus --version 2>&1 | head -1))"
 echo "promtool:    $(command -v promtool) ($(promtool --version 2>&1 | head -1))"
 echo "helm:        $gobin/helm ($(modversion "$gobin/helm" helm.sh/helm/v3))"
 echo "buildah:     $(command -v buildah) ($(buildah --version 2>&1 | head -1))"
+echo "ollama:      $gobin/ollama ($(modversion "$gobin/ollama" github.com/ollama/ollama), tools/ollama)"

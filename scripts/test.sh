@@ -7,8 +7,8 @@
 #
 # Steps, in order; the first that fails stops the run with a non-zero status:
 #   tools        scripts/install-test-tools.sh: prometheus and promtool (apt-get,
-#                needs root), Jaeger and staticcheck at their pinned versions.
-#                Idempotent: once installed, nothing is rebuilt.
+#                needs root), Jaeger, Ollama and staticcheck at their pinned
+#                versions. Idempotent: once installed, nothing is rebuilt.
 #   tidy         `go mod tidy -diff`: go.mod and go.sum must be tidy
 #   vet          `go vet ./...`
 #   staticcheck  `staticcheck ./...` (the pinned one)
@@ -20,6 +20,11 @@
 #                template decoded strictly into k8s.io/api types), the compose
 #                example, and the Dockerfile's two images built with buildah
 #                and run (several minutes on two cores)
+#   engines      enginetest, its own module (it holds the OpenAI and Anthropic
+#                Go SDKs): tidy, vet, staticcheck, then its tests: the sidecar
+#                in front of a real Ollama (built by the tools step) serving a
+#                tiny model the tests write, every wire format raw and through
+#                the SDKs (about a minute once built)
 #   fuzz         every fuzz target (found with `go test -list '^Fuzz'`) for
 #                FUZZTIME each (default 15s); skipped with --quick
 #
@@ -97,6 +102,19 @@ step "deploy" "(tools/deploycheck: tidy, vet, go test -count=1 ./...)"
   fi
   go vet ./...
   go test -count=1 -timeout 40m ./...
+)
+
+step "engines" "(enginetest: tidy, vet, staticcheck, go test -count=1 ./... in front of Ollama)"
+(
+  cd enginetest
+  if ! go mod tidy -diff; then
+    echo "enginetest: go.mod/go.sum are not tidy: run 'go mod tidy' there and commit the result" >&2
+    exit 1
+  fi
+  go vet ./...
+  "$gobin/staticcheck" ./...
+  # No -race: the code under test is the sidecar binary, a process of its own.
+  go test -count=1 -timeout 20m ./...
 )
 
 if [ "$quick" = true ]; then
