@@ -80,6 +80,11 @@ type Config struct {
 	// Engine configures the scraper of the engine's own metrics
 	// (docs/engine-signals.md).
 	Engine Engine `yaml:"engine"`
+	// Cost declares the replica's price, and optionally the energy
+	// price (docs/cost.md).
+	Cost Cost `yaml:"cost"`
+	// Capacity sets the load buckets of the knee estimate (docs/cost.md).
+	Capacity Capacity `yaml:"capacity"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -234,6 +239,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.Uint64Var(&s.Seed, "sim.seed", s.Seed, "simulator: random seed")
 	fs.IntVar(&s.KVCapacityTokens, "sim.kv-capacity-tokens", s.KVCapacityTokens, "simulator: KV cache capacity in tokens; running sequences past it are preempted and recomputed")
 	c.Engine.bind(fs)
+	c.Cost.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -301,6 +307,8 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Energy.Validate()...)
 	errs = append(errs, c.Tracing.Validate()...)
 	errs = append(errs, c.Engine.Validate()...)
+	errs = append(errs, c.Cost.Validate()...)
+	errs = append(errs, c.Capacity.Validate()...)
 	return errs
 }
 

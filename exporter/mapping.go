@@ -35,6 +35,7 @@ const (
 	LSLO                      // configured SLO names
 	LThreshold                // slo failure reasons
 	LReason                   // excluded reason
+	LLoad                     // load bucket labels (configured bounds, +Inf)
 	numLabels
 )
 
@@ -47,10 +48,10 @@ type Labels [numLabels]string
 // path.
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
-		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason"}
+		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
-		"tokentap.slo.threshold", "tokentap.reason"}
+		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load"}
 )
 
 // Instrument is one per-request metric.
@@ -79,6 +80,9 @@ const (
 	Fluidity
 	EnergyPerToken
 	DecodeSOL
+	SLOOfferedByLoad
+	SLOQualifiedByLoad
+	SLOQualifiedTokensByLoad
 	numInstruments
 )
 
@@ -176,6 +180,14 @@ var specs = [numInstruments]Spec{
 		Help: "Per-request total energy attributed to the request divided by its output tokens."},
 	DecodeSOL: {Prom: "tokentap_decode_speed_of_light_ratio", OTel: "tokentap.decode_speed_of_light", Unit: "1", Buckets: solBuckets, Labels: []Label{LModel},
 		Help: "Per-request measured decode rate as a fraction of the memory-bandwidth ceiling for its model and context."},
+	// The live knee (docs/cost.md): the SLO counters again, by the load
+	// bucket the request ran under.
+	SLOOfferedByLoad: {Prom: "tokentap_slo_requests_by_load_total", OTel: "tokentap.slo.requests_by_load", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LLoad},
+		Help: "Requests offered to each SLO by the load they ran under: load is the time-weighted mean number of requests in flight through the sidecar during the request's life, itself included; the label is the upper bound of its bucket (loads in (previous bound, bound])."},
+	SLOQualifiedByLoad: {Prom: "tokentap_slo_qualified_requests_by_load_total", OTel: "tokentap.slo.qualified_requests_by_load", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LLoad},
+		Help: "Requests that qualified for each SLO by the load they ran under (see tokentap_slo_requests_by_load_total)."},
+	SLOQualifiedTokensByLoad: {Prom: "tokentap_slo_qualified_output_tokens_by_load_total", OTel: "tokentap.slo.qualified_output_tokens_by_load", Unit: "{token}", Counter: true, Labels: []Label{LSLO, LLoad},
+		Help: "Output tokens of qualified requests by the load they ran under: rate() of it is token goodput per load bucket."},
 }
 
 // Specs returns a copy of every instrument's description.
@@ -248,6 +260,16 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 			emit(SLOQualified, 1, &l)
 			if r.OutputTokens > 0 {
 				emit(SLOQualifiedTokens, float64(r.OutputTokens), &l)
+			}
+		}
+		if r.LoadBucket != "" {
+			l[LLoad] = r.LoadBucket
+			emit(SLOOfferedByLoad, 1, &l)
+			if v.Qualified {
+				emit(SLOQualifiedByLoad, 1, &l)
+				if r.OutputTokens > 0 {
+					emit(SLOQualifiedTokensByLoad, float64(r.OutputTokens), &l)
+				}
 			}
 		}
 		for _, f := range v.Failed {

@@ -171,6 +171,13 @@ type Record struct {
 	// StallCause is what coincided with the request's stalls, best
 	// effort: preemption, kv_cache_full, queue_spike, or "".
 	StallCause string
+	// Load is the load the request ran under: the time-weighted mean
+	// number of requests in flight through the sidecar during its life,
+	// itself included (so at least 1); LoadBucket is the label of the
+	// load bucket it falls in ("" when not measured). Set by the
+	// pipeline when the request ends (docs/cost.md).
+	Load       float64
+	LoadBucket string
 }
 
 // ProbeInfo is what a canary record adds.
@@ -427,6 +434,12 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	}
 	if r.StallCause != "" {
 		str("stall_cause", r.StallCause)
+	}
+	if r.LoadBucket != "" {
+		b = append(b, `"load":`...)
+		b = strconv.AppendFloat(b, math.Round(r.Load*100)/100, 'f', -1, 64)
+		b = append(b, ',')
+		str("load_bucket", r.LoadBucket)
 	}
 	if p := r.Probe; p != nil {
 		enc, _ := json.Marshal(map[string]any{"name": p.Name, "scheduled": p.Scheduled.UTC().Format(time.RFC3339Nano),
