@@ -120,10 +120,13 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.written[req.Model] = append(u.written[req.Model], time.Since(t0))
 		u.mu.Unlock()
 	}
+	// The instant is noted just before the write: the sidecar cannot read
+	// the bytes earlier, so it is a sound lower bound of the read instant
+	// (noting after the flush is not, on a loaded machine).
 	send := func(p string) {
+		note()
 		io.WriteString(w, "data: "+p+"\n\n")
 		w.(http.Flusher).Flush()
-		note()
 	}
 	if sc.endless {
 		for i := 0; ; i++ {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
 )
 
@@ -85,7 +86,7 @@ func (r *readiness) announce() {
 		r.log.Info("readiness: finding the engine's health endpoint", "tries", strings.Join(autoHealthPaths, ", "))
 		return
 	}
-	r.log.Info("readiness: upstream health check", "url", r.url(r.path), "how", "upstream_health_path")
+	r.log.Info("readiness: upstream health check", "url", config.Redacted(r.url(r.path)), "how", "upstream_health_path")
 }
 
 // probe is one GET of a health path.
@@ -143,7 +144,7 @@ func (r *readiness) checkLocked(ctx context.Context) (bool, string) {
 	res := r.get(ctx, r.path)
 	switch {
 	case res.err != nil:
-		return false, fmt.Sprintf("upstream unreachable: GET %s: %v", r.url(r.path), res.err)
+		return false, fmt.Sprintf("upstream unreachable: GET %s: %v", config.Redacted(r.url(r.path)), res.err)
 	case r.auto && noRoute(res.status):
 		// The engine changed under us (a restart into another one):
 		// look again.
@@ -151,7 +152,7 @@ func (r *readiness) checkLocked(ctx context.Context) (bool, string) {
 		r.path = ""
 		return r.discover(ctx)
 	case res.status/100 != 2:
-		why := fmt.Sprintf("upstream not ready: GET %s answered %s", r.url(r.path), res.line)
+		why := fmt.Sprintf("upstream not ready: GET %s answered %s", config.Redacted(r.url(r.path)), res.line)
 		if res.body != "" {
 			why += ": " + res.body
 		}
@@ -167,16 +168,16 @@ func (r *readiness) discover(ctx context.Context) (bool, string) {
 	for _, p := range autoHealthPaths {
 		res := r.get(ctx, p)
 		if res.err != nil {
-			return false, fmt.Sprintf("upstream unreachable: GET %s: %v", r.url(p), res.err)
+			return false, fmt.Sprintf("upstream unreachable: GET %s: %v", config.Redacted(r.url(p)), res.err)
 		}
 		if noRoute(res.status) {
 			missing = append(missing, p+" "+res.line)
 			continue
 		}
 		r.path = p
-		r.log.Info("readiness: upstream health check found", "url", r.url(p), "status", res.line, "how", "auto")
+		r.log.Info("readiness: upstream health check found", "url", config.Redacted(r.url(p)), "status", res.line, "how", "auto")
 		if res.status/100 != 2 {
-			why := fmt.Sprintf("upstream not ready: GET %s answered %s", r.url(p), res.line)
+			why := fmt.Sprintf("upstream not ready: GET %s answered %s", config.Redacted(r.url(p)), res.line)
 			if res.body != "" {
 				why += ": " + res.body
 			}
