@@ -36,6 +36,7 @@ const (
 	LThreshold                // slo failure reasons
 	LReason                   // excluded reason
 	LLoad                     // load bucket labels (configured bounds, +Inf)
+	LTarget                   // egress: the intercept allow-list entry (configured)
 	numLabels
 )
 
@@ -48,10 +49,10 @@ type Labels [numLabels]string
 // path.
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
-		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load"}
+		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
-		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load"}
+		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target"}
 )
 
 // Instrument is one per-request metric.
@@ -83,6 +84,10 @@ const (
 	SLOOfferedByLoad
 	SLOQualifiedByLoad
 	SLOQualifiedTokensByLoad
+	TargetRequests
+	TargetDuration
+	TargetTTFT
+	TargetTPOT
 	numInstruments
 )
 
@@ -188,6 +193,21 @@ var specs = [numInstruments]Spec{
 		Help: "Requests that qualified for each SLO by the load they ran under (see tokentap_slo_requests_by_load_total)."},
 	SLOQualifiedTokensByLoad: {Prom: "tokentap_slo_qualified_output_tokens_by_load_total", OTel: "tokentap.slo.qualified_output_tokens_by_load", Unit: "{token}", Counter: true, Labels: []Label{LSLO, LLoad},
 		Help: "Output tokens of qualified requests by the load they ran under: rate() of it is token goodput per load bucket."},
+	// Egress (docs/egress.md): a hosted API's requests again, by the
+	// intercept allow-list entry they matched, so that one sidecar's
+	// targets can be told apart. Bounded by the allow-list.
+	TargetRequests: {Prom: "tokentap_target_requests_total", OTel: "tokentap.target.requests", Unit: "{request}", Counter: true,
+		Labels: []Label{LTarget, LOperation, LModel, LTraffic, LOutcome, LErrorType},
+		Help:   "Egress requests to a hosted API by target (the intercept allow-list entry the host matched) and outcome."},
+	TargetDuration: {Prom: "tokentap_target_request_duration_seconds", OTel: "tokentap.target.request.duration", Unit: "s", Buckets: e2eBuckets,
+		Labels: []Label{LTarget, LOperation, LModel, LTraffic}, Exemplar: true,
+		Help: "Egress requests' end-to-end latency (arrival to terminal outcome) by target."},
+	TargetTTFT: {Prom: "tokentap_target_time_to_first_token_seconds", OTel: "tokentap.target.time_to_first_token", Unit: "s", Buckets: ttftBuckets,
+		Labels: []Label{LTarget, LOperation, LModel, LTraffic}, Exemplar: true,
+		Help: "Egress streaming requests' time to the first token-bearing event, by target."},
+	TargetTPOT: {Prom: "tokentap_target_time_per_output_token_seconds", OTel: "tokentap.target.time_per_output_token", Unit: "s", Buckets: itlBuckets,
+		Labels: []Label{LTarget, LOperation, LModel, LTraffic}, Exemplar: true,
+		Help: "Egress streaming requests' time per output token after the first, by target."},
 }
 
 // Specs returns a copy of every instrument's description.
@@ -285,5 +305,17 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 	}
 	if r.DecodeSOL > 0 {
 		emit(DecodeSOL, r.DecodeSOL, &l)
+	}
+	if r.TargetRule != "" {
+		l[LTarget] = r.TargetRule
+		emit(TargetRequests, 1, &l)
+		d, ok = r.E2E()
+		secs(TargetDuration, d, ok)
+		if r.Stream {
+			d, ok = r.TTFT()
+			secs(TargetTTFT, d, ok)
+			d, ok = r.TPOT()
+			secs(TargetTPOT, d, ok)
+		}
 	}
 }

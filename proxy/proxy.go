@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -79,6 +80,11 @@ type Options struct {
 	// probe records it itself), so canary traffic never mixes into live
 	// series.
 	ProbeHeader string
+	// Target and TargetRule label an egress proxy's records: the hosted
+	// API's host and the intercept allow-list entry it matched
+	// (record.Target, record.TargetRule; package egress). "" for the
+	// reverse proxy.
+	Target, TargetRule string
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -221,6 +227,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The client's body broke while we read it: nothing can be forwarded.
 			rec := record.New(0)
 			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
+			rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
@@ -253,6 +260,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
+	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 	rec.API, rec.Stream, rec.MaxTokens = info.API, info.Stream, info.MaxTokens
 	rec.SetModel(info.Model)
 	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info, body: idle}
@@ -368,6 +376,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
 	case errors.Is(err, context.DeadlineExceeded):
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
+	case upstreamTLS(err):
+		etype = record.ErrUpstreamTLS
 	}
 	p.log.Warn("upstream request failed", "err", err, "outcome", outcome)
 	if status != 0 {
@@ -382,6 +392,18 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		st.rec.Outcome, st.rec.ErrorType = outcome, etype
 		st.rec.Terminal = p.clock.Now()
 	}
+}
+
+// upstreamTLS reports whether err is the upstream's TLS failing: its
+// certificate did not verify (unknown authority, wrong host, expired),
+// its handshake was refused, or it does not speak TLS.
+func upstreamTLS(err error) bool {
+	var (
+		verify *tls.CertificateVerificationError
+		alert  tls.AlertError
+		header tls.RecordHeaderError
+	)
+	return errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &header)
 }
 
 // finish decides the outcome and hands the record on. docs/measurement.md §3:

@@ -41,6 +41,7 @@ const (
 	ErrShutdown        = "shutdown"          // cut when the shutdown grace period was over
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
+	ErrUpstreamTLS     = "upstream_tls" // the upstream's certificate failed verification, or its TLS handshake failed (egress)
 )
 
 // API names the request's route, a bounded label.
@@ -102,6 +103,12 @@ type Record struct {
 	// ModelTruncated says Model was cut to MaxModelBytes.
 	ModelTruncated bool
 	Stream         bool
+
+	// Target is the host (with its port when not the scheme's default)
+	// that an egress request went to, and TargetRule the intercept
+	// allow-list entry it matched (the bounded metric label); both ""
+	// behind the reverse proxy (docs/egress.md).
+	Target, TargetRule string
 
 	Outcome      Outcome
 	HTTPStatus   int    // the status the client got; 0 if none was sent
@@ -351,6 +358,12 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	str("id", r.ID)
 	str("start", r.Arrive.UTC().Format(time.RFC3339Nano))
 	str("traffic", r.Traffic)
+	if r.Target != "" {
+		str("target", r.Target)
+		if r.TargetRule != r.Target {
+			str("target_rule", r.TargetRule)
+		}
+	}
 	if r.TraceID != "" {
 		str("trace_id", r.TraceID)
 	}
