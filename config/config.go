@@ -85,6 +85,9 @@ type Config struct {
 	Cost Cost `yaml:"cost"`
 	// Capacity sets the load buckets of the knee estimate (docs/cost.md).
 	Capacity Capacity `yaml:"capacity"`
+	// Egress is the forward HTTPS proxy that measures hosted APIs
+	// (docs/egress.md); off unless egress.listen is set.
+	Egress Egress `yaml:"egress"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -108,6 +111,7 @@ func Defaults() Config {
 		LogLevel:           "info",
 		Simulator:          SimulatorDefaults(),
 		Engine:             EngineDefaults(),
+		Egress:             EgressDefaults(),
 	}
 }
 
@@ -240,6 +244,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&s.KVCapacityTokens, "sim.kv-capacity-tokens", s.KVCapacityTokens, "simulator: KV cache capacity in tokens; running sequences past it are preempted and recomputed")
 	c.Engine.bind(fs)
 	c.Cost.bind(fs)
+	c.Egress.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -309,6 +314,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Engine.Validate()...)
 	errs = append(errs, c.Cost.Validate()...)
 	errs = append(errs, c.Capacity.Validate()...)
+	errs = append(errs, c.Egress.Validate()...)
 	return errs
 }
 

@@ -1,0 +1,176 @@
+package config
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Egress is the egress section: a forward HTTPS proxy (HTTPS_PROXY) that
+// measures hosted LLM APIs from the client's side (docs/egress.md).
+// Requests to the hosts on Intercept are decrypted with a certificate
+// minted from a local CA and pass through the same tap, record, SLO,
+// metrics and spans as the reverse proxy; every other CONNECT is a blind
+// tunnel.
+//
+// The zero value is not the default; start from EgressDefaults (Defaults
+// does).
+type Egress struct {
+	// Listen is the forward proxy's address; "" (the default) turns
+	// egress mode off.
+	Listen string `yaml:"listen"`
+	// Intercept is the allow-list of hosts whose traffic is decrypted
+	// and measured: exact host names, or "*.example.com" for every host
+	// under example.com (at any depth, not example.com itself). Matched
+	// without the port. Each entry is also the metrics' target label, so
+	// the label is bounded by this list.
+	Intercept []string `yaml:"intercept"`
+	// CACert and CAKey are the PEM files of the CA that signs the
+	// certificates shown to clients. Both empty means
+	// <user config dir>/tokentap/egress-ca.pem and egress-ca-key.pem.
+	// Used if present; generated (ECDSA P-256, key file 0600) if both
+	// are absent.
+	CACert string `yaml:"ca_cert"`
+	CAKey  string `yaml:"ca_key"`
+	// InjectUsage asks OpenAI-style streams for usage when the client did
+	// not, and removes it from the client's stream (as the reverse
+	// proxy's inject_usage does). Default true.
+	InjectUsage bool `yaml:"inject_usage"`
+	// Tunnel passes CONNECTs to hosts not on Intercept through as blind
+	// tunnels (default true); false refuses them.
+	Tunnel bool `yaml:"tunnel"`
+	// HTTP2 offers HTTP/2 (ALPN h2) to clients inside intercepted
+	// tunnels, beside HTTP/1.1. Default true.
+	HTTP2 bool `yaml:"http2"`
+	// MaxTargets bounds the distinct hosts measured at once (each has
+	// its own upstream proxy); past it, idle ones are dropped first.
+	// 0 means 64.
+	MaxTargets int `yaml:"max_targets"`
+	// LeafCache bounds the minted certificates kept; 0 means 1024.
+	LeafCache int `yaml:"leaf_cache"`
+	// LeafValidity is how long a minted certificate is valid; it is
+	// re-minted when three quarters of that have passed. 0 means 24h.
+	LeafValidity time.Duration `yaml:"leaf_validity"`
+}
+
+// EgressDefaults returns the egress section before any file, env or flag.
+func EgressDefaults() Egress {
+	return Egress{
+		Intercept:   []string{"api.openai.com", "api.anthropic.com", "*.openai.azure.com"},
+		InjectUsage: true,
+		Tunnel:      true,
+		HTTP2:       true,
+	}
+}
+
+// WithDefaults fills the zero sizes.
+func (c Egress) WithDefaults() Egress {
+	if c.MaxTargets == 0 {
+		c.MaxTargets = 64
+	}
+	if c.LeafCache == 0 {
+		c.LeafCache = 1024
+	}
+	if c.LeafValidity == 0 {
+		c.LeafValidity = 24 * time.Hour
+	}
+	return c
+}
+
+// hostList is a comma-separated flag that replaces the list it is given.
+type hostList struct{ l *[]string }
+
+func (h hostList) String() string {
+	if h.l == nil {
+		return ""
+	}
+	return strings.Join(*h.l, ",")
+}
+
+func (h hostList) Set(v string) error {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	*h.l = out
+	return nil
+}
+
+func (c *Egress) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "egress-listen", c.Listen, "egress mode: forward HTTPS proxy address (HTTPS_PROXY) that measures hosted APIs; empty = off")
+	fs.StringVar(&c.CACert, "egress-ca-cert", c.CACert, "egress: CA certificate (PEM) for intercepted hosts; generated with the key if both are absent (empty: in the user config dir)")
+	fs.StringVar(&c.CAKey, "egress-ca-key", c.CAKey, "egress: CA private key (PEM, mode 0600)")
+	fs.Var(hostList{&c.Intercept}, "egress-intercept", "egress: comma-separated hosts to decrypt and measure (*.example.com for subdomains); others are tunnelled blind")
+	fs.BoolVar(&c.InjectUsage, "egress-inject-usage", c.InjectUsage, "egress: ask OpenAI-style streams for usage and strip it from the client's stream")
+}
+
+// Validate returns one error per problem, naming the field.
+func (c Egress) Validate() []error {
+	var errs []error
+	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf(f, a...)) }
+	if c.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			bad("egress.listen: %q is not host:port: %v", c.Listen, err)
+		}
+		if len(c.Intercept) == 0 {
+			bad("egress.intercept: empty: nothing would be measured (every host would be tunnelled)")
+		}
+	}
+	seen := map[string]bool{}
+	for _, h := range c.Intercept {
+		if err := ValidInterceptHost(h); err != nil {
+			bad("egress.intercept: %v", err)
+			continue
+		}
+		k := strings.ToLower(h)
+		if seen[k] {
+			bad("egress.intercept: %q is listed twice", h)
+		}
+		seen[k] = true
+	}
+	if (c.CACert == "") != (c.CAKey == "") {
+		bad("egress.ca_cert and egress.ca_key: give both or neither (got %q and %q)", c.CACert, c.CAKey)
+	}
+	if c.MaxTargets < 0 {
+		bad("egress.max_targets: must not be negative")
+	}
+	if c.LeafCache < 0 {
+		bad("egress.leaf_cache: must not be negative")
+	}
+	if c.LeafValidity != 0 && (c.LeafValidity < time.Minute || c.LeafValidity > 30*24*time.Hour) {
+		bad("egress.leaf_validity: must be between 1m and 720h, got %v", c.LeafValidity)
+	}
+	return errs
+}
+
+// ValidInterceptHost checks one intercept entry: a DNS host name
+// (letters, digits, hyphens, dots; no port, no IP address), optionally
+// prefixed by "*." for every host under it.
+func ValidInterceptHost(h string) error {
+	name := strings.TrimPrefix(h, "*.")
+	if name == "" || len(name) > 253 {
+		return fmt.Errorf("%q is not a host name", h)
+	}
+	if net.ParseIP(name) != nil {
+		return fmt.Errorf("%q is an IP address: list host names (the certificate is minted for the name the client asked for)", h)
+	}
+	labels := strings.Split(name, ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return fmt.Errorf("%q is not a host name", h)
+		}
+		for _, r := range l {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return fmt.Errorf("%q is not a host name (a port, a path or %q is not allowed)", h, string(r))
+			}
+		}
+	}
+	if strings.HasPrefix(h, "*.") && len(labels) < 2 {
+		return fmt.Errorf("%q: a wildcard needs a domain with at least two labels", h)
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+package config
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEgressDefaultsOff(t *testing.T) {
+	c, err := Load(nil, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := c.Egress
+	if e.Listen != "" || !e.InjectUsage || !e.Tunnel || !e.HTTP2 ||
+		!slices.Equal(e.Intercept, []string{"api.openai.com", "api.anthropic.com", "*.openai.azure.com"}) {
+		t.Fatalf("defaults %+v", e)
+	}
+	if d := e.WithDefaults(); d.MaxTargets != 64 || d.LeafCache != 1024 || d.LeafValidity != 24*time.Hour {
+		t.Fatalf("sizes %+v", d)
+	}
+}
+
+// Flags, their environment twins and the file: the intercept list given
+// anywhere replaces the default one.
+func TestEgressFlagsEnvFile(t *testing.T) {
+	c, err := Load([]string{"--egress-listen", "127.0.0.1:3128", "--egress-intercept", "api.openai.com, *.example.test",
+		"--egress-ca-cert", "/tmp/c.pem", "--egress-ca-key", "/tmp/k.pem", "--egress-inject-usage=false"}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := c.Egress
+	if e.Listen != "127.0.0.1:3128" || e.CACert != "/tmp/c.pem" || e.CAKey != "/tmp/k.pem" || e.InjectUsage ||
+		!slices.Equal(e.Intercept, []string{"api.openai.com", "*.example.test"}) {
+		t.Fatalf("flags gave %+v", e)
+	}
+	c, err = Load(nil, envOf(map[string]string{"TOKENTAP_EGRESS_LISTEN": "127.0.0.1:3129", "TOKENTAP_EGRESS_INTERCEPT": "a.test"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Egress.Listen != "127.0.0.1:3129" || !slices.Equal(c.Egress.Intercept, []string{"a.test"}) {
+		t.Fatalf("env gave %+v", c.Egress)
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(f, []byte("egress:\n  listen: 127.0.0.1:3130\n  intercept: [b.test]\n  tunnel: false\n  http2: false\n  max_targets: 3\n  leaf_validity: 2h\n"), 0o644)
+	c, err = Load([]string{"--config", f}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := c.Egress; e.Listen != "127.0.0.1:3130" || !slices.Equal(e.Intercept, []string{"b.test"}) || e.Tunnel || e.HTTP2 ||
+		!e.InjectUsage || e.MaxTargets != 3 || e.LeafValidity != 2*time.Hour {
+		t.Fatalf("file gave %+v", e)
+	}
+}
+
+func TestEgressValidate(t *testing.T) {
+	c := EgressDefaults()
+	c.Listen = "3128"
+	c.Intercept = []string{"api.openai.com:443", "*", "10.0.0.1", "ok.test", "OK.test", "https://x.test", "*.com", "-bad.test"}
+	c.CACert = "/x.pem"
+	c.MaxTargets = -1
+	c.LeafValidity = time.Second
+	var got []string
+	for _, e := range c.Validate() {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		`egress.listen: "3128" is not host:port`,
+		`"api.openai.com:443" is not a host name`,
+		`"*" is not a host name`,
+		`"10.0.0.1" is an IP address`,
+		`"OK.test" is listed twice`,
+		`"https://x.test" is not a host name`,
+		`"*.com": a wildcard needs a domain with at least two labels`,
+		`"-bad.test" is not a host name`,
+		"give both or neither",
+		"egress.max_targets: must not be negative",
+		"egress.leaf_validity: must be between 1m and 720h",
+	}
+	all := strings.Join(got, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("no error says %q; got:\n%s", w, all)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d errors, want %d:\n%s", len(got), len(want), all)
+	}
+	ok := EgressDefaults()
+	ok.Listen = "127.0.0.1:3128"
+	if errs := ok.Validate(); len(errs) != 0 {
+		t.Errorf("defaults with a listen address: %v", errs)
+	}
+	ok.Intercept = nil
+	if errs := ok.Validate(); len(errs) != 1 {
+		t.Errorf("an empty list with a listen address: %v", errs)
+	}
+}
