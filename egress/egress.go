@@ -1,0 +1,635 @@
+// Package egress is the sidecar's egress mode: a forward HTTP proxy
+// (clients set HTTPS_PROXY to it) that measures hosted LLM APIs from the
+// client's side, built on github.com/elazarl/goproxy.
+//
+// A CONNECT to a host on the intercept allow-list is hijacked from
+// goproxy: the proxy answers 200, terminates the client's TLS with a
+// short-lived certificate minted from a local CA (ca.go), and serves the
+// decrypted connection with a net/http server (HTTP/1.1, and HTTP/2
+// through ALPN) whose handler is a proxy.Proxy to https://host: the same
+// tap, adapters, record, pipeline, metrics and spans as the reverse
+// proxy, re-encrypted to the real host with normal verification. Every
+// other CONNECT is goproxy's blind tunnel: bytes copied both ways, never
+// decrypted. Plain-HTTP forward requests are measured when their host is
+// on the list and forwarded by goproxy otherwise. docs/egress.md has the
+// trust model.
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/proxy"
+	"github.com/tokentap/tokentap/record"
+)
+
+// Options configures a Proxy.
+type Options struct {
+	// Config is the egress section. Config.Intercept must be valid
+	// (config.Egress.Validate).
+	Config config.Egress
+	// Pipeline publishes every measured request, as for the reverse
+	// proxy. Nil means a pipeline with no stage.
+	Pipeline *pipeline.Pipeline
+	// Logger logs; nil discards.
+	Logger *slog.Logger
+	// Clock times the requests; nil means the system clock.
+	Clock record.Clock
+	// Registry receives the egress counters; nil registers nothing.
+	Registry prometheus.Registerer
+
+	// The reverse proxy's limits and timeouts (proxy.Options, app):
+	// PeekBytes, Timeout (a whole request) and BodyReadTimeout (an idle
+	// request body) per request; ReadHeaderTimeout (0 means 30 s) and
+	// IdleTimeout per client connection, for the proxy listener and for
+	// every intercepted connection alike.
+	PeekBytes         int
+	Timeout           time.Duration
+	BodyReadTimeout   time.Duration
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
+	// ProbeHeader is the secret that marks the sidecar's own probes
+	// (proxy.Options.ProbeHeader): forwarded, not recorded twice.
+	ProbeHeader string
+
+	// DialContext dials upstream hosts and tunnel targets; nil means a
+	// net.Dialer. Tests resolve their test host names here.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// RootCAs verifies the intercepted hosts' certificates; nil means
+	// the system roots.
+	RootCAs *x509.CertPool
+	// Now dates minted certificates; nil means time.Now.
+	Now func() time.Time
+}
+
+// Proxy is the egress forward proxy. Create it with New, run it with
+// Serve, stop it with Shutdown (then Cut, when the grace is over) and
+// Close.
+type Proxy struct {
+	opts    Options
+	cfg     config.Egress
+	log     *slog.Logger
+	match   *matcher
+	ca      *CA
+	bundle  string // the trust bundle written beside the CA, or ""
+	leaves  *leafCache
+	gp      *goproxy.ProxyHttpServer
+	front   *http.Server // the proxy listener: CONNECT and plain-HTTP forward requests
+	mitm    *http.Server // every intercepted connection, decrypted
+	mitmLn  *connListener
+	targets *targets
+	tr      *http.Transport // to the intercepted hosts
+	tunnels connSet         // the upstream ends of blind tunnels
+
+	connects *prometheus.CounterVec
+	conns    sync.Map // intercepted *tls.Conn or net.Conn → target
+}
+
+// target is an intercepted host as one upstream.
+type target struct {
+	scheme    string // https, or http (plain forward requests)
+	authority string // host[:port], the default port left out
+	rule      string // the allow-list entry it matched
+}
+
+func (t target) key() string { return t.scheme + "://" + t.authority }
+
+type targetKey struct{}
+
+// New loads or generates the CA (logging once where it is and how to
+// trust it) and builds the proxy; nothing is served yet.
+func New(opts Options) (*Proxy, error) {
+	cfg := opts.Config.WithDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Pipeline == nil {
+		opts.Pipeline = pipeline.New(pipeline.Options{})
+	}
+	if opts.ReadHeaderTimeout <= 0 {
+		opts.ReadHeaderTimeout = 30 * time.Second
+	}
+	if opts.DialContext == nil {
+		opts.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
+	for _, h := range cfg.Intercept {
+		if err := config.ValidInterceptHost(h); err != nil {
+			return nil, fmt.Errorf("egress.intercept: %w", err)
+		}
+	}
+	p := &Proxy{opts: opts, cfg: cfg, log: opts.Logger, match: newMatcher(cfg.Intercept)}
+
+	certPath, keyPath := cfg.CACert, cfg.CAKey
+	if certPath == "" && keyPath == "" {
+		var err error
+		if certPath, keyPath, err = DefaultCAPaths(); err != nil {
+			return nil, err
+		}
+	}
+	ca, err := LoadOrCreateCA(certPath, keyPath, cfg.Intercept, opts.Now())
+	if err != nil {
+		return nil, err
+	}
+	p.ca = ca
+	p.bundle = writeBundle(ca)
+	p.announceCA()
+	p.leaves = newLeafCache(ca, cfg.LeafCache, cfg.LeafValidity, opts.Now)
+
+	if opts.Registry != nil {
+		p.connects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_egress_connects_total",
+			Help: "CONNECT requests to the egress proxy by what was done: intercept (decrypted and measured), tunnel (passed through blind, never decrypted), refuse (not on the intercept list, and egress.tunnel is off)."},
+			[]string{"action"})
+		minted := prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_egress_certificates_minted_total",
+			Help: "Certificates minted from the egress CA for intercepted hosts (the cache's misses and renewals)."})
+		p.leaves.minted = minted.Inc
+		opts.Registry.MustRegister(p.connects, minted,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_egress_targets",
+				Help: "Intercepted hosts with an upstream proxy held (bounded by egress.max_targets)."},
+				func() float64 { return float64(p.targets.len()) }))
+	}
+
+	p.tr = &http.Transport{
+		Proxy:               nil, // never the sidecar's own HTTPS_PROXY: that could be itself
+		DialContext:         p.dial,
+		TLSClientConfig:     &tls.Config{RootCAs: opts.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,  // the client's Accept-Encoding goes as it came
+		ForceAttemptHTTP2:   false, // HTTP/1.1 upstream, as the reverse proxy
+	}
+	p.targets = &targets{max: cfg.MaxTargets, m: map[string]*targetEntry{}, build: p.newTargetProxy}
+
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{p.log}
+	gp.Tr = &http.Transport{Proxy: nil, DialContext: p.dial, TLSClientConfig: &tls.Config{RootCAs: opts.RootCAs},
+		TLSHandshakeTimeout: 10 * time.Second, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
+	gp.ConnectDial = nil // goproxy's default chains to $HTTPS_PROXY: never
+	gp.ConnectDialWithReq = func(r *http.Request, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		c, err := p.dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return p.tunnels.add(c), nil
+	}
+	gp.KeepAcceptEncoding = true // a passed-through request is not rewritten
+	gp.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "tokentap egress: this is a forward proxy; point clients at it with HTTPS_PROXY=http://"+r.Host, http.StatusBadRequest)
+	})
+	gp.OnRequest().HandleConnectFunc(p.onConnect)
+	p.gp = gp
+
+	errLog := slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug)
+	p.front = &http.Server{Handler: http.HandlerFunc(p.serveFront), ReadHeaderTimeout: opts.ReadHeaderTimeout,
+		IdleTimeout: opts.IdleTimeout, ErrorLog: errLog}
+	p.mitmLn = newConnListener()
+	p.mitm = &http.Server{Handler: http.HandlerFunc(p.serveIntercepted), ReadHeaderTimeout: opts.ReadHeaderTimeout,
+		IdleTimeout: opts.IdleTimeout, ErrorLog: errLog,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if t, ok := p.conns.Load(c); ok {
+				ctx = context.WithValue(ctx, targetKey{}, t.(target))
+			}
+			return ctx
+		},
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				p.conns.Delete(c)
+			}
+		}}
+	return p, nil
+}
+
+// CA returns the CA that signs the intercepted hosts' certificates.
+func (p *Proxy) CA() *CA { return p.ca }
+
+// Bundle returns the trust bundle written beside the CA (the system's
+// roots and the CA), or "" when no system bundle was found.
+func (p *Proxy) Bundle() string { return p.bundle }
+
+// announceCA says once where the CA is and how to trust it.
+func (p *Proxy) announceCA() {
+	what := "egress CA loaded"
+	if p.ca.Generated {
+		what = "egress CA generated"
+	}
+	trust := p.ca.CertPath
+	if p.bundle != "" {
+		trust = p.bundle
+	}
+	p.log.Info(what+"; clients must trust it to be measured: SSL_CERT_FILE="+trust+
+		" (Go, curl, OpenSSL, Python ssl), REQUESTS_CA_BUNDLE="+trust+" (Python requests, httpx), NODE_EXTRA_CA_CERTS="+p.ca.CertPath+
+		" (Node), or add "+p.ca.CertPath+" to the OS store (update-ca-certificates, security add-trusted-cert, certutil -addstore Root)",
+		"cert", p.ca.CertPath, "key", p.ca.KeyPath, "bundle", p.bundle, "expires", p.ca.Cert.NotAfter.Format(time.DateOnly),
+		"intercept", strings.Join(p.cfg.Intercept, ","))
+}
+
+// systemBundles are where Linux distributions keep their root bundle.
+var systemBundles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Alpine, Arch
+	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL, CentOS
+	"/etc/ssl/ca-bundle.pem",             // openSUSE
+	"/etc/ssl/cert.pem",                  // Alpine, macOS
+}
+
+// writeBundle writes <cert>-bundle.pem beside the CA: the system roots
+// followed by the CA, for SSL_CERT_FILE and REQUESTS_CA_BUNDLE, which
+// replace the roots rather than add to them (so that tunnelled hosts
+// still verify). It returns "" when there is no system bundle or the
+// file cannot be written.
+func writeBundle(ca *CA) string {
+	var roots []byte
+	for _, f := range systemBundles {
+		if b, err := os.ReadFile(f); err == nil && len(b) > 0 {
+			roots = b
+			break
+		}
+	}
+	if roots == nil {
+		return ""
+	}
+	path := strings.TrimSuffix(ca.CertPath, filepath.Ext(ca.CertPath)) + "-bundle.pem"
+	if !strings.HasSuffix(string(roots), "\n") {
+		roots = append(roots, '\n')
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(roots, ca.PEM()...), 0o644); err != nil {
+		return ""
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return ""
+	}
+	return path
+}
+
+func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	return p.opts.DialContext(ctx, network, addr)
+}
+
+func (p *Proxy) count(action string) {
+	if p.connects != nil {
+		p.connects.WithLabelValues(action).Inc()
+	}
+}
+
+// onConnect decides a CONNECT: intercept a host on the list, tunnel (or
+// refuse) any other.
+func (p *Proxy) onConnect(authority string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	host, port := splitHostPort(authority)
+	if rule, ok := p.match.rule(host); ok {
+		p.count("intercept")
+		t := target{scheme: "https", authority: targetAuthority("https", host, port), rule: rule}
+		return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(r *http.Request, c net.Conn, _ *goproxy.ProxyCtx) {
+			p.intercept(r, c, host, t)
+		}}, authority
+	}
+	if !p.cfg.Tunnel {
+		p.count("refuse")
+		ctx.Resp = goproxy.NewResponse(ctx.Req, goproxy.ContentTypeText, http.StatusForbidden,
+			"tokentap egress: "+host+" is not on the intercept list and tunnelling is off\n")
+		return goproxy.RejectConnect, authority
+	}
+	p.count("tunnel")
+	return goproxy.OkConnect, authority
+}
+
+// intercept takes a hijacked CONNECT: it confirms the tunnel, and hands
+// the connection, under TLS with a certificate for host (or as it is,
+// when the client speaks plain HTTP in it), to the server of decrypted
+// connections.
+func (p *Proxy) intercept(r *http.Request, c net.Conn, host string, t target) {
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		c.Close()
+		return
+	}
+	// TLS or not: the first byte of a TLS handshake record is 22.
+	_ = c.SetReadDeadline(time.Now().Add(p.opts.ReadHeaderTimeout))
+	br := bufio.NewReader(c)
+	first, err := br.Peek(1)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		return
+	}
+	conn := net.Conn(&bufferedConn{Conn: c, r: br})
+	if first[0] == 22 {
+		protos := []string{"http/1.1"}
+		if p.cfg.HTTP2 {
+			protos = []string{"h2", "http/1.1"}
+		}
+		conn = tls.Server(conn, &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			NextProtos: protos,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				// The name the client asked the tunnel for, whatever its
+				// SNI says: that is the name it verifies.
+				return p.leaves.get(host)
+			},
+		})
+	} else {
+		t.scheme = "http"
+		_, port := splitHostPort(r.URL.Host)
+		t.authority = targetAuthority("http", host, port)
+	}
+	p.conns.Store(conn, t)
+	if !p.mitmLn.push(conn) {
+		p.conns.Delete(conn)
+		conn.Close()
+	}
+}
+
+// serveFront serves the proxy listener: a plain-HTTP forward request to
+// an intercepted host is measured here; CONNECT and everything else is
+// goproxy's.
+func (p *Proxy) serveFront(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect && r.URL.IsAbs() && (r.URL.Scheme == "http" || r.URL.Scheme == "https") {
+		host, port := splitHostPort(r.URL.Host)
+		if rule, ok := p.match.rule(host); ok {
+			p.targets.serve(target{scheme: r.URL.Scheme, authority: targetAuthority(r.URL.Scheme, host, port), rule: rule}, w, r)
+			return
+		}
+		if !p.cfg.Tunnel {
+			http.Error(w, "tokentap egress: "+host+" is not on the intercept list and forwarding is off", http.StatusForbidden)
+			return
+		}
+	}
+	p.gp.ServeHTTP(w, r)
+}
+
+// serveIntercepted serves one decrypted request.
+func (p *Proxy) serveIntercepted(w http.ResponseWriter, r *http.Request) {
+	t, ok := r.Context().Value(targetKey{}).(target)
+	if !ok {
+		http.Error(w, "tokentap egress: unknown connection", http.StatusInternalServerError)
+		return
+	}
+	p.targets.serve(t, w, r)
+}
+
+// newTargetProxy builds the reverse proxy to one intercepted host.
+func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
+	u := &url.URL{Scheme: t.scheme, Host: t.authority}
+	return proxy.New(proxy.Options{
+		Upstream:        u,
+		Transport:       p.tr,
+		Pipeline:        p.opts.Pipeline,
+		Clock:           p.opts.Clock,
+		Logger:          p.log.With("target", t.authority),
+		InjectUsage:     p.cfg.InjectUsage,
+		PeekBytes:       p.opts.PeekBytes,
+		Timeout:         p.opts.Timeout,
+		BodyReadTimeout: p.opts.BodyReadTimeout,
+		Traffic:         "live",
+		ProbeHeader:     p.opts.ProbeHeader,
+		Target:          t.authority,
+		TargetRule:      t.rule,
+	})
+}
+
+// Serve serves the proxy listener ln (and the intercepted connections)
+// until Shutdown or Close; it returns http.ErrServerClosed then.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.mitmLn.addr = ln.Addr()
+	go p.mitm.Serve(p.mitmLn)
+	p.log.Info("egress proxy is up: clients set HTTPS_PROXY=http://"+ln.Addr().String(), "intercept", strings.Join(p.cfg.Intercept, ","),
+		"tunnel_others", p.cfg.Tunnel, "inject_usage", p.cfg.InjectUsage, "http2", p.cfg.HTTP2)
+	return p.front.Serve(ln)
+}
+
+// Shutdown stops accepting, then waits until the measured requests in
+// flight are done or ctx ends. Blind tunnels are left to Close.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	err := p.front.Shutdown(ctx)
+	p.mitmLn.Close()
+	return errors.Join(err, p.mitm.Shutdown(ctx))
+}
+
+// Cut ends every measured request still in flight, recorded as
+// error/shutdown (proxy.Proxy.Cut), and every later one at once; it
+// returns how many it cut.
+func (p *Proxy) Cut() int { return p.targets.cut() }
+
+// Close closes everything: listeners, intercepted connections and
+// tunnels.
+func (p *Proxy) Close() error {
+	p.mitmLn.Close()
+	err := errors.Join(p.front.Close(), p.mitm.Close())
+	p.tunnels.closeAll()
+	p.tr.CloseIdleConnections()
+	p.gp.Tr.CloseIdleConnections()
+	return err
+}
+
+// targets holds one proxy.Proxy per intercepted host, at most max of
+// them while any is idle: past max, the least recently used idle one is
+// dropped (a busy one never is, so that Cut reaches every request).
+type targets struct {
+	max   int
+	build func(target) (*proxy.Proxy, error)
+
+	mu      sync.Mutex
+	m       map[string]*targetEntry
+	tick    uint64
+	cutting bool
+}
+
+type targetEntry struct {
+	p    *proxy.Proxy
+	busy int
+	used uint64
+}
+
+func (ts *targets) acquire(t target) (*targetEntry, error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.tick++
+	k := t.key()
+	if e := ts.m[k]; e != nil {
+		e.busy++
+		e.used = ts.tick
+		return e, nil
+	}
+	if len(ts.m) >= ts.max {
+		var lk string
+		var lru *targetEntry
+		for k, e := range ts.m {
+			if e.busy == 0 && (lru == nil || e.used < lru.used) {
+				lk, lru = k, e
+			}
+		}
+		if lru != nil {
+			delete(ts.m, lk)
+		}
+	}
+	px, err := ts.build(t)
+	if err != nil {
+		return nil, err
+	}
+	if ts.cutting {
+		px.Cut()
+	}
+	e := &targetEntry{p: px, busy: 1, used: ts.tick}
+	ts.m[k] = e
+	return e, nil
+}
+
+func (ts *targets) release(t target, e *targetEntry) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	e.busy--
+	if k := t.key(); e.busy == 0 && len(ts.m) > ts.max && ts.m[k] == e {
+		delete(ts.m, k)
+	}
+}
+
+func (ts *targets) serve(t target, w http.ResponseWriter, r *http.Request) {
+	e, err := ts.acquire(t)
+	if err != nil {
+		http.Error(w, "tokentap egress: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer ts.release(t, e)
+	e.p.ServeHTTP(w, r)
+}
+
+func (ts *targets) cut() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.cutting = true
+	n := 0
+	for _, e := range ts.m {
+		n += e.p.Cut()
+	}
+	return n
+}
+
+func (ts *targets) len() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return len(ts.m)
+}
+
+// connListener hands intercepted connections to the server of decrypted
+// connections.
+type connListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func newConnListener() *connListener {
+	return &connListener{ch: make(chan net.Conn), done: make(chan struct{}),
+		addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}}
+}
+
+// push hands c over; false once the listener is closed.
+func (l *connListener) push(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return l.addr }
+
+// bufferedConn reads what a bufio.Reader peeked before the connection.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// connSet tracks the upstream ends of blind tunnels, for Close.
+type connSet struct {
+	mu sync.Mutex
+	m  map[*trackedConn]struct{}
+}
+
+type trackedConn struct {
+	net.Conn
+	set  *connSet
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.set.mu.Lock()
+		delete(c.set.m, c)
+		c.set.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+func (s *connSet) add(c net.Conn) net.Conn {
+	t := &trackedConn{Conn: c, set: s}
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[*trackedConn]struct{}{}
+	}
+	s.m[t] = struct{}{}
+	s.mu.Unlock()
+	return t
+}
+
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	conns := make([]*trackedConn, 0, len(s.m))
+	for c := range s.m {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// goproxyLogger sends goproxy's messages to the debug log: its warnings
+// are a client or a tunnel going away, the ordinary end of a connection.
+type goproxyLogger struct{ log *slog.Logger }
+
+func (l goproxyLogger) Printf(format string, v ...any) {
+	l.log.Debug("goproxy: " + strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
