@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/egress"
 	"github.com/tokentap/tokentap/engine"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
@@ -81,6 +82,7 @@ type Env struct {
 // Addrs are the bound addresses.
 type Addrs struct {
 	Proxy, Admin string
+	Egress       string // the egress proxy's listener; "" when egress is off
 	Upstream     string
 	Simulated    bool
 }
@@ -147,6 +149,8 @@ type Sidecar struct {
 	proxySrv *http.Server
 	adminSrv *http.Server
 	pln, aln net.Listener
+	egress   *egress.Proxy // nil when egress.listen is not set
+	eln      net.Listener
 }
 
 func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
@@ -303,6 +307,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		maxConns = defaultMaxConnections()
 	}
 	s.pln = newLimitListener(s.pln, maxConns, metrics.Registry)
+	if err = s.newEgress(pipe, probeSecret, maxConns); err != nil {
+		return nil, err
+	}
 	if s.aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("admin_listen: %w", err)
 	}
@@ -406,9 +413,10 @@ func (s *Sidecar) openEnergy(ctx context.Context, metrics *exporter.Metrics) *gp
 // sampler attributes its last interval (publishing the records it held).
 func (s *Sidecar) Run(ctx context.Context) error {
 	log, cfg := s.log, s.cfg
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.proxySrv.Serve(s.pln) }()
 	go func() { errc <- s.adminSrv.Serve(s.aln) }()
+	s.serveEgress(errc)
 	log.Info("tokentap is up", "proxy", "http://"+s.addrs.Proxy, "upstream", config.Redacted(s.addrs.Upstream),
 		"metrics", "http://"+s.addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
 	samplerCtx, stopSampler := context.WithCancel(context.Background())
@@ -476,6 +484,7 @@ wait:
 		}
 	}()
 	cut := 0
+	egressCut := s.shutdownEgress(sctx)
 	if err := s.proxySrv.Shutdown(sctx); err != nil {
 		// The grace is over: cut what still runs, record it as
 		// error/shutdown, and let the handlers publish their records.
@@ -487,6 +496,7 @@ wait:
 		}
 		dcancel()
 	}
+	cut += <-egressCut
 	stopEngine() // after the last streams: their records had the engine's history
 	<-engineDone
 	stopSampler() // the last interval is attributed and held records published

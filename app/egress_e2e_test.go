@@ -1,0 +1,140 @@
+package app
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The egress proxy wired into the sidecar (--egress-listen): a
+// plain-HTTP forward request to an intercepted host goes through the same
+// pipeline as the reverse proxy's (record file, /metrics); an intercepted
+// HTTPS host whose certificate the system does not trust is refused and
+// recorded as upstream_tls; a host not on the list is tunnelled and not
+// recorded. Production dials and verifies as the system does, so the
+// hosted API here is a loopback server named localhost.
+func TestEgressWiredIntoTheSidecar(t *testing.T) {
+	up := &upstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
+	plain := httptest.NewServer(up)
+	defer plain.Close()
+	tlsUp := httptest.NewTLSServer(up) // its certificate is from httptest's own CA
+	defer tlsUp.Close()
+	dir := t.TempDir()
+	a, recordsPath := startSidecar(t, plain.URL, "--egress-listen", "127.0.0.1:0", "--egress-intercept", "localhost",
+		"--egress-ca-cert", filepath.Join(dir, "ca.pem"), "--egress-ca-key", filepath.Join(dir, "ca-key.pem"))
+	if a.Egress == "" {
+		t.Fatal("no egress address")
+	}
+	if st, err := os.Stat(filepath.Join(dir, "ca-key.pem")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("generated CA key: %v %v", st, err)
+	}
+	proxyURL, _ := url.Parse("http://" + a.Egress)
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	pool.AppendCertsFromPEM(caPEM)
+	pool.AddCert(tlsUp.Certificate()) // for the tunnelled request
+	tr := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	body := func(model string) io.Reader {
+		return strings.NewReader(`{"model":"` + model + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	}
+	plainPort := strings.TrimPrefix(plain.URL, "http://127.0.0.1:")
+	tlsPort := strings.TrimPrefix(tlsUp.URL, "https://127.0.0.1:")
+
+	// Measured: plain HTTP to localhost.
+	resp, err := client.Post("http://localhost:"+plainPort+"/v1/chat/completions", "application/json", body("multi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.HasSuffix(string(got), "data: [DONE]\n\n") || strings.Contains(string(got), `"usage"`) {
+		t.Fatalf("client got %q", got)
+	}
+	// Refused: HTTPS to localhost, whose certificate the system does not trust.
+	resp, err = client.Post("https://localhost:"+tlsPort+"/v1/chat/completions", "application/json", body("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("untrusted upstream: status %d, want 502", resp.StatusCode)
+	}
+	// Tunnelled: 127.0.0.1 is not on the list.
+	resp, err = client.Post("https://127.0.0.1:"+tlsPort+"/v1/chat/completions", "application/json", body("error"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+
+	type egressRec struct {
+		Model     string   `json:"model"`
+		Outcome   string   `json:"outcome"`
+		Traffic   string   `json:"traffic"`
+		Target    string   `json:"target"`
+		ErrorType string   `json:"error_type"`
+		TTFT      *float64 `json:"ttft_ms"`
+		Tokens    *int     `json:"output_tokens"`
+	}
+	var recs []egressRec
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(recordsPath)
+		recs = recs[:0]
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var r egressRec
+			if json.Unmarshal([]byte(l), &r) == nil && r.Target != "" {
+				recs = append(recs, r)
+			}
+		}
+		if len(recs) >= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // a third, if one were coming
+	if len(recs) != 2 {
+		t.Fatalf("%d egress records, want 2: %+v", len(recs), recs)
+	}
+	byModel := map[string]egressRec{}
+	for _, r := range recs {
+		byModel[r.Model] = r
+	}
+	m := byModel["multi"]
+	if m.Outcome != "success" || m.Traffic != "live" || m.Target != "localhost:"+plainPort || m.Tokens == nil || *m.Tokens != 6 || m.TTFT == nil {
+		t.Errorf("measured record %+v", m)
+	} else {
+		within(t, "egress ttft", *m.TTFT, 100*time.Millisecond, 100*time.Millisecond+tol)
+	}
+	if o := byModel["one"]; o.Outcome != "error" || o.ErrorType != "upstream_tls" || o.Target != "localhost:"+tlsPort {
+		t.Errorf("untrusted upstream record %+v", o)
+	}
+
+	// Both on /metrics, under the target label.
+	mresp, err := http.Get("http://" + a.Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{
+		`tokentap_target_requests_total{error_type="",gen_ai_operation_name="chat",gen_ai_request_model="multi",outcome="success",target="localhost",traffic="live"} 1`,
+		`error_type="upstream_tls"`,
+		`tokentap_egress_connects_total{action="intercept"} 1`,
+		`tokentap_egress_connects_total{action="tunnel"} 1`,
+	} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
