@@ -321,7 +321,9 @@ func (p *Proxy) onConnect(authority string, ctx *goproxy.ProxyCtx) (*goproxy.Con
 // intercept takes a hijacked CONNECT: it confirms the tunnel, and hands
 // the connection, under TLS with a certificate for host (or as it is,
 // when the client speaks plain HTTP in it), to the server of decrypted
-// connections.
+// connections. goproxy's hijack hands over the raw connection without
+// what its request parser may have buffered past the CONNECT; clients
+// wait for the 200 before their ClientHello, so nothing is there.
 func (p *Proxy) intercept(r *http.Request, c net.Conn, host string, t target) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		c.Close()
