@@ -476,10 +476,20 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		// successfully only after a finish reason: a stream cut short
 		// with neither the end marker nor a finish reason is a truncated
 		// generation (docs/measurement.md §3).
-		if t.kind.streamed() && rec.FinishReason == "" {
-			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
-		} else {
+		switch {
+		case !t.kind.streamed() || rec.FinishReason != "":
 			rec.Outcome = record.Success
+		// A stream that ended cleanly without a finish reason because
+		// the sidecar or the client ended it (an upstream may close
+		// gracefully when its connection is shut) is not a truncation.
+		case st.shutDown():
+			rec.Outcome, rec.ErrorType = record.Error, record.ErrShutdown
+		case cancelled():
+			rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
+		case timedOut():
+			rec.Outcome, rec.ErrorType = record.Timeout, record.ErrTimeout
+		default:
+			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
 		}
 	case st.shutDown():
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrShutdown

@@ -538,7 +538,7 @@ func (t *tap) frameForStrip(ev *stream.Event) {
 				rec.Events++
 				t.apply(&c, t.readAt)
 				return
-			case addedUsage(&c):
+			case addedUsage(&c), c.Choices > 0 && nullUsage(ev.Data):
 				t.cutUsageMember(ev)
 			}
 		}
@@ -684,7 +684,23 @@ func (t *tap) usageChunk(data []byte) bool {
 	}
 	var c stream.Chunk
 	stream.ParseOpenAI(data, &c)
-	return c.UsageOnly() || addedUsage(&c)
+	return c.UsageOnly() || addedUsage(&c) || (c.Choices > 0 && nullUsage(data))
+}
+
+// nullUsage reports whether a chunk's top-level "usage" member is null.
+// OpenAI's own API puts "usage":null on every chunk once include_usage
+// is asked for, and only then: in strip mode the sidecar asked, so the
+// member is the sidecar's doing and is cut like the usage chunk (a client
+// that asked for usage itself is not in strip mode and sees it).
+func nullUsage(data []byte) bool {
+	s, e, ok := stream.MemberSpan(data, "usage")
+	if !ok {
+		return false
+	}
+	m := bytes.TrimSpace(data[s:e])
+	m = bytes.TrimSuffix(bytes.TrimPrefix(m, []byte(",")), []byte(","))
+	_, v, ok := bytes.Cut(m, []byte(":"))
+	return ok && bytes.Equal(bytes.TrimSpace(v), []byte("null"))
 }
 
 // addedUsage reports whether a chunk is a content chunk with a usage
@@ -694,10 +710,7 @@ func (t *tap) usageChunk(data []byte) bool {
 // continuous_usage_stats puts the running count on every chunk once
 // include_usage is on. Without the sidecar's request the member would
 // not be there, so strip mode removes it and leaves the rest of the
-// chunk byte for byte. A "usage":null (OpenAI's own API marks every chunk
-// so once usage is asked for) is left alone: a null is no count, and the
-// sidecar cannot tell whether the engine would have sent it anyway
-// (docs/design.md).
+// chunk byte for byte. A "usage":null is cut too (nullUsage).
 func addedUsage(c *stream.Chunk) bool {
 	return (c.Usage || c.HasPrompt) && c.Choices > 0 && !c.Error
 }

@@ -79,8 +79,9 @@ func expectStrippedUntil(in []byte, until int64) []byte {
 		case c.UsageOnly():
 			out = append(out, in[last:e.Start]...)
 			last = e.End
-		case addedUsage(&c) && bytes.Contains(e.Data, []byte(`"usage"`)) && !bytes.Contains(e.Data, []byte("\n")):
-			// a usage member on a content chunk: only the member goes
+		case (addedUsage(&c) || (c.Choices > 0 && topLevelNull(e.Data, "usage"))) && bytes.Contains(e.Data, []byte(`"usage"`)) && !bytes.Contains(e.Data, []byte("\n")):
+			// a usage member (a count, or null) on a content chunk: only
+			// the member goes
 			raw := in[e.Start:e.End]
 			off, ok := dataOffset(raw, e.Start == 0)
 			s, end, ok2 := stream.MemberSpan(e.Data, "usage")
@@ -94,6 +95,13 @@ func expectStrippedUntil(in []byte, until int64) []byte {
 	f.Feed(in, cut)
 	f.Finish(cut)
 	return append(out, in[last:]...)
+}
+
+// topLevelNull reports, with encoding/json (independently of the tap's
+// scanner), whether data is an object whose member key is null.
+func topLevelNull(data []byte, key string) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(data, &m) == nil && string(m[key]) == "null"
 }
 
 // singleLFAt is where strip mode must give up for single-LF framing: the
