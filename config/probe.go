@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -50,6 +51,11 @@ type ProbeDef struct {
 	// Target is "upstream" (default: measures the engine) or "sidecar"
 	// (through the sidecar's own listener: measures the whole path).
 	Target string `yaml:"target"`
+	// URL, when set, is the base URL the probe is sent to instead of the
+	// upstream: a hosted API (https://api.openai.com), with the system's
+	// roots verifying its certificate. Put the key in api_key_env or
+	// api_key_file, never in the URL.
+	URL    string `yaml:"url"`
 	Expect Expect `yaml:"expect"`
 	// RecordPrompt puts the prompt text into /probes failures; off by
 	// default.
@@ -180,6 +186,14 @@ func (c Probes) Validate() []error {
 		}
 		if d.Target != "" && d.Target != "upstream" && d.Target != "sidecar" {
 			bad("target must be upstream or sidecar, got %q", d.Target)
+		}
+		if d.URL != "" {
+			if u, err := url.Parse(d.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+				bad("url must be an http(s) URL with a host and no credentials, got %q", Redacted(d.URL))
+			}
+			if d.Target == "sidecar" {
+				bad("url and target: sidecar exclude each other")
+			}
 		}
 		if d.Interval < 0 || (d.Interval > 0 && d.Interval < 100*time.Millisecond) {
 			bad("interval must be at least 100ms")

@@ -296,3 +296,35 @@ func TestProbeOnEveryAPI(t *testing.T) {
 		}
 	}
 }
+
+// A probe with a url goes there, not to the upstream: a hosted API.
+func TestProbeToAHostedAPI(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var host, path, auth string
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			host, path, auth = r.Host, r.URL.Path, r.Header.Get("Authorization")
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, `data: {"choices":[{"delta":{"content":"Paris"},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+		})
+		var recs sink
+		u, _ := url.Parse("http://engine.invalid")
+		cfg := Config{Probes: []Def{{Name: "hosted", URL: "https://api.example.test/base", APIKeyEnv: "KEY", Interval: time.Second}}}.WithDefaults("m")
+		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{h}, Getenv: func(string) string { return "sk-test" },
+			Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}})})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { p.Run(ctx); close(done) }()
+		time.Sleep(500 * time.Millisecond)
+		cancel()
+		<-done
+		recs.mu.Lock()
+		defer recs.mu.Unlock()
+		if host != "api.example.test" || path != "/base/v1/chat/completions" || auth != "Bearer sk-test" || recs.recs[0].Probe.Result != ResultSuccess {
+			t.Fatalf("host %q path %q auth %q result %+v", host, path, auth, recs.recs[0].Probe)
+		}
+	})
+	bad := Config{Probes: []Def{{Name: "x", URL: "https://user:pw@api.example.test"}}}.Validate()
+	if len(bad) != 1 || strings.Contains(bad[0].Error(), "pw") {
+		t.Fatalf("a URL with credentials: %v", bad)
+	}
+}

@@ -281,6 +281,9 @@ func (c *capture) Flush() {}
 func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	d := &s.def
 	target, path := p.opts.Upstream, route(d)
+	if d.URL != "" {
+		target, _ = url.Parse(d.URL) // validated by config
+	}
 	if d.Target == "sidecar" && p.opts.Sidecar != nil {
 		target = p.opts.Sidecar
 	}
