@@ -84,7 +84,13 @@ type panel struct {
 	rightAxis, rightUnit string
 	// thresholds draws reference lines (timeseries) or colours (stat).
 	thresholds []float64
-	targets    []target
+	// noValue is what a stat shows when its queries return nothing.
+	noValue string
+	// percent names the series (by legend regexp) that a bar gauge shows
+	// as a ratio from 0 to 1 (percentunit); its other series keep unit
+	// and share one scale.
+	percent string
+	targets []target
 }
 
 // row starts a new row of panels.
@@ -246,6 +252,9 @@ func (p panel) builder() (cog.Builder[dashboard.Panel], error) {
 		if len(p.thresholds) > 0 {
 			b = b.Thresholds(thresholdSteps(p.thresholds))
 		}
+		if p.noValue != "" {
+			b = b.NoValue(p.noValue)
+		}
 		for i, t := range p.targets {
 			b = b.WithTarget(t.builder(refID(i)))
 		}
@@ -255,6 +264,19 @@ func (p panel) builder() (cog.Builder[dashboard.Panel], error) {
 			Span(w).Height(h).Unit(p.unit).Orientation(common.VizOrientationHorizontal).
 			DisplayMode(common.BarGaugeDisplayModeBasic).
 			ReduceOptions(common.NewReduceDataOptionsBuilder().Calcs([]string{"lastNotNull"}).Values(false))
+		if p.min != nil {
+			b = b.Min(*p.min)
+		}
+		if p.max != nil {
+			b = b.Max(*p.max)
+		}
+		if p.percent != "" {
+			b = b.OverrideByRegexp(p.percent, []dashboard.DynamicConfigValue{
+				{Id: "unit", Value: "percentunit"},
+				{Id: "min", Value: 0},
+				{Id: "max", Value: 1},
+			})
+		}
 		for i, t := range p.targets {
 			b = b.WithTarget(t.builder(refID(i)))
 		}

@@ -13,6 +13,10 @@ var tags = []string{"tokentap"}
 // sidecar that Prometheus scrapes.
 const fleet = " Recording rules sum every scraped sidecar by SLO (docs/slo.md, recording rules), so the namespace, pod and instance selectors do not filter this panel."
 
+// costFleet is fleet for the cost, energy and knee rules, which sum the
+// scraped sidecars by SLO and currency, or over the whole fleet.
+const costFleet = " The cost, energy and knee recording rules sum every scraped sidecar (by SLO, currency or load bucket; docs/cost.md, recording rules), so the namespace, pod, instance and model selectors do not filter this panel."
+
 // ---------------------------------------------------------------------------
 // SLO & goodput
 
@@ -102,8 +106,84 @@ func sloBoard() board {
 					desc:    "In-scope requests excluded by a declared option (today: client cancellations under count_cancelled: false), by SLO and reason (tokentap_slo_excluded_total; docs/measurement.md §5). Never silently dropped: they are counted here.",
 					targets: []target{{expr: `sum by (slo, reason) (rate(tokentap_slo_excluded_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} {{reason}}"}}},
 			}},
+			costRow(),
 		},
 	}
+}
+
+// costRow is the scorecard of docs/cost.md: what a token that keeps the
+// promise costs, the energy it takes, the latency and attainment behind
+// it, and how far the replicas can be loaded before the SLO breaks (the
+// knee). The figures are the shipped cost, energy and knee recording
+// rules, so they need a declared price (cost:) and, for energy, GPU
+// energy on.
+func costRow() row {
+	sloTarget := `max by (slo) (tokentap_slo_target{` + selSLO + `})`
+	return row{title: "Cost and capacity", panels: []panel{
+		{kind: kStat, title: "Cost per 1M goodput tokens, 1h (fleet)", unit: "short", w: 6, h: 6, min: fp(0),
+			desc: "The declared price of the replicas that served each SLO, accrued over the last hour while their sidecars ran, ÷ the output tokens of the requests that met the SLO × 10⁶, per SLO and currency (slo:tokentap_cost_per_million_goodput_tokens:ratio1h; docs/cost.md, cost per million goodput tokens; goodput as in docs/measurement.md §5). " +
+				"The figure to plan with: read at the knee, it is the price of a token that keeps the promise. No declared price (cost: in the config), no value." + costFleet,
+			targets: []target{{expr: `slo:tokentap_cost_per_million_goodput_tokens:ratio1h{slo=~"$slo"}`, legend: "{{slo}} {{currency}}"}}},
+		{kind: kStat, title: "Cost per 1M output tokens, 1h (fleet)", unit: "short", w: 6, h: 6, min: fp(0),
+			desc: "The same cost ÷ every live output token of the priced replicas (good or not, any SLO; canary tokens left out) × 10⁶, per currency (cost:tokentap_cost_per_million_output_tokens:ratio1h; docs/cost.md, cost per million output tokens; tokens as in docs/measurement.md §2). " +
+				"It flatters an overloaded replica: past the knee it falls while the cost per goodput token rises." + costFleet,
+			targets: []target{{expr: `cost:tokentap_cost_per_million_output_tokens:ratio1h`, legend: "{{currency}}"}}},
+		{kind: kStat, title: "Energy share per 1M goodput tokens, 1h (fleet)", unit: "short", w: 6, h: 6, min: fp(0),
+			desc: "The measured GPU energy at the declared kWh price (joules ÷ 3.6·10⁶ × cost.energy_per_kwh) ÷ each SLO's goodput tokens × 10⁶, per SLO and currency, over the replicas with both an energy price and measured energy (slo:tokentap_energy_cost_per_million_goodput_tokens:ratio1h; docs/cost.md, energy share; energy as in docs/measurement.md §8). " +
+				"The part of the cost that is energy: whether it adds to the hourly price depends on what that price includes." + costFleet,
+			targets: []target{{expr: `slo:tokentap_energy_cost_per_million_goodput_tokens:ratio1h{slo=~"$slo"}`, legend: "{{slo}} {{currency}}"}}},
+		{kind: kStat, title: "Knee and its evidence, 1d (fleet)", unit: "short", w: 6, h: 6, min: fp(0), noValue: "not enough evidence",
+			desc: "The knee: the upper bound of the highest load bucket whose attainment lower bound (one-sided 95% Wilson, docs/measurement.md §5) meets the target with at least 20 requests, pooled over the fleet's last day (slo:tokentap_knee_load:max1d), and its evidence, the requests offered in that bucket (slo:tokentap_knee_evidence:increase1d) (docs/cost.md, the knee). " +
+				"A request's load is the time-weighted mean number of requests in flight through its sidecar during its life, itself included. No value: not enough evidence." + costFleet,
+			targets: []target{
+				{expr: `slo:tokentap_knee_load:max1d{slo=~"$slo"}`, legend: "{{slo}} knee (load ≤)"},
+				{expr: `slo:tokentap_knee_evidence:increase1d{slo=~"$slo"}`, legend: "{{slo}} evidence (requests)"},
+			}},
+		{title: "Goodput vs output tokens, 5m (fleet)", unit: "short", w: 12, h: 8, min: fp(0),
+			desc: "Output tokens/s of the requests that met each SLO (slo:tokentap_goodput_tokens:rate5m; docs/measurement.md §5) against the live output tokens/s of the priced replicas, canary left out (cost:tokentap_output_tokens:rate5m, per currency). " +
+				"Past the knee output keeps rising while goodput falls: the gap is throughput that broke the SLO, which is why cost is planned per goodput token (docs/cost.md, why the goodput figure is the one to plan with)." + costFleet,
+			targets: []target{
+				{expr: `slo:tokentap_goodput_tokens:rate5m{slo=~"$slo"}`, legend: "{{slo}} goodput tokens/s"},
+				{expr: `cost:tokentap_output_tokens:rate5m`, legend: "output tokens/s ({{currency}} priced)"},
+			}},
+		{title: "J per output token: total and dynamic, 5m (fleet)", unit: "J", w: 12, h: 8, min: fp(0),
+			desc: "All measured GPU energy of the metered replicas, idle and unattributed included, ÷ their live output tokens (energy:tokentap_joules_per_output_token:ratio5m), and the same with the idle baseline (tokentap_gpu_idle_power_watts) taken out first (energy:tokentap_dynamic_joules_per_output_token:ratio5m) (docs/cost.md, joules per output token; docs/measurement.md §8). " +
+				"The replicas' real bill, so at least /slo's figure, which counts the energy attributed to requests. Empty when no sidecar measures energy." + costFleet,
+			targets: []target{
+				{expr: `energy:tokentap_joules_per_output_token:ratio5m`, legend: "total J/token"},
+				{expr: `energy:tokentap_dynamic_joules_per_output_token:ratio5m`, legend: "dynamic J/token"},
+			}},
+		{title: "TTFT p99 and ITL p99 (live)", unit: "s", w: 12, h: 8, min: fp(0),
+			desc: "The 99th percentiles of live traffic's TTFT, one value per streamed request that produced a token (request-weighted), and ITL, one value per gap between token events (gap-weighted), for the selected sidecars and models (gen_ai_server_time_to_first_token_seconds, tokentap_inter_token_latency_seconds; docs/measurement.md §3-§4; docs/cost.md, TTFT p99 and ITL p99). " +
+				"Native histograms where Prometheus has them, classic buckets otherwise.",
+			targets: []target{
+				{expr: hq("0.99", "gen_ai_server_time_to_first_token_seconds", selLive, ""), legend: "TTFT p99"},
+				{expr: hq("0.99", "tokentap_inter_token_latency_seconds", selLive, ""), legend: "ITL p99"},
+			}},
+		{kind: kStat, title: "Attainment and its lower bound, 1h (fleet)", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1),
+			desc: "Per SLO over the last hour: attainment = qualified ÷ offered (slo:tokentap_attainment:ratio1h), its one-sided 95% Wilson lower bound (slo:tokentap_attainment_lower95:ratio1h) and the declared target (tokentap_slo_target); met when the lower bound reaches the target (docs/measurement.md §5; docs/cost.md, attainment and its bound)." + fleet,
+			targets: []target{
+				{expr: `slo:tokentap_attainment:ratio1h{slo=~"$slo"}`, legend: "{{slo}} attainment"},
+				{expr: `slo:tokentap_attainment_lower95:ratio1h{slo=~"$slo"}`, legend: "{{slo}} lower 95%"},
+				{expr: sloTarget, legend: "{{slo}} target"},
+			}},
+		{kind: kBarGauge, title: "Attainment vs load, 1d (fleet)", unit: "short", w: 12, h: 10, min: fp(0), percent: "(lower 95%|attainment|target)$",
+			desc: "The fleet's curve over the last day, per SLO and load bucket (label load: the bucket's upper bound, for loads in (previous bound, bound]): the one-sided 95% Wilson lower bound of the attainment (slo_load:tokentap_attainment_lower95:ratio1d), the attainment (slo_load:tokentap_attainment:ratio1d), the goodput in output tokens/s (slo_load:tokentap_goodput_tokens:rate1d, bars scaled to the highest) and the target. " +
+				"A bucket meets the target with at least 20 requests and its lower bound at or above the target; the knee is the highest bucket that meets it (docs/cost.md, the knee; docs/measurement.md §5). Bars come in the load label's text order; /slo plots one sidecar's curve." + costFleet,
+			targets: []target{
+				{expr: `slo_load:tokentap_attainment_lower95:ratio1d{slo=~"$slo"}`, legend: "{{slo}} load ≤ {{load}}: lower 95%"},
+				{expr: `slo_load:tokentap_attainment:ratio1d{slo=~"$slo"}`, legend: "{{slo}} load ≤ {{load}}: attainment"},
+				{expr: `slo_load:tokentap_goodput_tokens:rate1d{slo=~"$slo"}`, legend: "{{slo}} load ≤ {{load}}: goodput tokens/s"},
+				{expr: sloTarget, legend: "{{slo}} target"},
+			}},
+		{title: "Load now vs the knee", unit: "short", w: 12, h: 10, min: fp(0),
+			desc: "Per sidecar: the requests in flight through it (tokentap_requests_in_flight, live and canary: both load the engine) against its own knee per SLO over the SLO's window (tokentap_slo_knee_load; absent without enough evidence) (docs/cost.md, load and the knee; docs/measurement.md §5). " +
+				"The gap is the headroom. A request's load is the time-weighted mean of this count over its life, itself included, so a count that stays above the knee breaks the SLO.",
+			targets: []target{
+				{expr: `sum by (instance) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} in flight"},
+				{expr: `max by (instance, slo) (tokentap_slo_knee_load{` + selSLO + `})`, legend: "{{instance}} {{slo}} knee"},
+			}},
+	}}
 }
 
 // ---------------------------------------------------------------------------

@@ -37,7 +37,7 @@ var exceptions = map[string]string{
 
 // energyQueries are the queries that need GPU energy: without cgo (no
 // NVML, not even its mock) they are exceptions too.
-var energyQueries = regexp.MustCompile(`tokentap_gpu_|tokentap_energy_(attributed|unattributed|idle|sampling)|tokentap_request_energy|tokentap_decode_`)
+var energyQueries = regexp.MustCompile(`tokentap_gpu_|tokentap_energy_(attributed|unattributed|idle|sampling|cost)|tokentap_request_energy|tokentap_decode_|energy:tokentap_`)
 
 const sidecarConfig = `
 simulator:
@@ -55,6 +55,15 @@ slo:
       target: 0.99
       window: 30s
       thresholds: {e2e: 3s, min_output_tokens: 1}
+    # The knee panels need a load bucket with 20 requests whose attainment
+    # lower bound meets the target. The two SLOs above find one on an idle
+    # machine and lose it on a loaded one (the simulator's latencies grow
+    # with the machine's load); this one meets its target on any machine.
+    - name: relaxed
+      target: 0.5
+      window: 30s
+      thresholds: {e2e: 10s}
+      count_cancelled: false
 probes:
   probes:
     - name: sim-canary
@@ -68,10 +77,17 @@ probes:
       max_tokens: 4
       prompt: "What is the capital of France?"
       expect: {contains: Paris}
+# The example price (deploy/examples/tokentap.yaml): the cost rules need
+# a declared price, and the energy share an energy price.
+cost:
+  currency: EUR
+  per_gpu_hour: 2.75
+  gpus: 4
+  energy_per_kwh: 0.25
 `
 
 // TestEveryPanelQueryReturnsData runs the sidecar binary in front of its
-// simulator, plus (with cgo) a second sidecar in-process whose GPUs are
+// simulator, with SLOs, probes and the example price declared, plus (with cgo) a second sidecar in-process whose GPUs are
 // go-nvml's mock (SYNTHETIC energy), drives bounded load through both,
 // lets two real Prometheus servers scrape them every second (one
 // ingesting classic buckets, one native histograms) with the shipped
