@@ -9,6 +9,8 @@ package stream
 // string, and one decode per streamed token would break the zero-allocation
 // rule of the hot path.
 
+import "bytes"
+
 const maxDepth = 4096
 
 func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
@@ -21,15 +23,24 @@ func skipWS(b []byte, i int) int {
 }
 
 // skipString returns the index after the closing quote of the string that
-// starts at b[i] == '"', or -1.
+// starts at b[i] == '"', or -1. It jumps from quote to quote with
+// bytes.IndexByte (vectorised): a quote closes the string unless an odd
+// run of backslashes precedes it.
 func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
+	for i++; i <= len(b); {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return -1
 		}
+		q := i + j
+		k := q
+		for k > i && b[k-1] == '\\' { // b[i-1] is a quote: the run stops there
+			k--
+		}
+		if (q-k)%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
 	}
 	return -1
 }
@@ -129,6 +140,12 @@ func objKey(b []byte, i int) int {
 	if i = skipString(b, i); i < 0 {
 		return -1
 	}
+	return afterKey(b, i)
+}
+
+// afterKey expects ` :` after a key that ends before b[i] and returns the
+// index of the value.
+func afterKey(b []byte, i int) int {
 	i = skipWS(b, i)
 	if i >= len(b) || b[i] != ':' {
 		return -1
@@ -167,7 +184,7 @@ func eachMember(b []byte, fn func(key, val []byte) bool) bool {
 			return false
 		}
 		key := b[i+1 : ke-1]
-		v := objKey(b, i)
+		v := afterKey(b, ke)
 		if v < 0 {
 			return false
 		}
