@@ -178,9 +178,13 @@ func (q *Request) Done() { q.inFlight.Dec() }
 // Publish observes a finished record through the one mapping. l are the
 // request's base labels; the ITL gaps were observed live.
 func (m *Metrics) Publish(r *record.Record, l Labels) {
+	var (
+		buf      [numLabels]string // label values, on the stack
+		exemplar prometheus.Labels // one map for every exemplar of the request (each observation copies it)
+	)
 	Map(r, l, false, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]
-		values := make([]string, len(s.Labels))
+		values := buf[:len(s.Labels)]
 		for k, lab := range s.Labels {
 			values[k] = l[lab]
 		}
@@ -193,7 +197,10 @@ func (m *Metrics) Publish(r *record.Record, l Labels) {
 				// The trace behind this observation, for a jump from a
 				// bucket to a trace (exposed in OpenMetrics when the
 				// scraper negotiates it).
-				o.(prometheus.ExemplarObserver).ObserveWithExemplar(v, prometheus.Labels{"trace_id": r.TraceID, "span_id": r.SpanID})
+				if exemplar == nil {
+					exemplar = prometheus.Labels{"trace_id": r.TraceID, "span_id": r.SpanID}
+				}
+				o.(prometheus.ExemplarObserver).ObserveWithExemplar(v, exemplar)
 				return
 			}
 			o.Observe(v)
