@@ -159,6 +159,7 @@ func New(opts Options) (*Proxy, error) {
 		},
 		Transport:      opts.Transport,
 		FlushInterval:  -1, // flush after every write, whatever the content type
+		BufferPool:     copyBuffers{},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokentap/tokentap/record"
@@ -79,8 +80,13 @@ type tap struct {
 	onEv   func(*stream.Event) // t.event, bound once
 	onCut  func(*stream.Event) // t.frameForStrip, bound once
 
-	// pass-through: the last read, not parsed yet (aliases the caller's buffer)
+	// pass-through: the last read, not parsed yet. It is a copy in the
+	// tap's own pendBuf, never the caller's buffer: ReverseProxy takes its
+	// copy buffer from a pool (copyBuffers) and hands it back before it
+	// closes the body, so an alias could be parsed after another response
+	// wrote into it.
 	pending   []byte
+	pendBuf   []byte
 	pendingAt time.Time
 
 	// strip mode
@@ -159,14 +165,39 @@ func (t *tap) readPass(p []byte) (int, error) {
 	if n > 0 {
 		t.firstByte(at)
 		t.keep(p[:n])
-		if !t.failed {
-			t.pending, t.pendingAt = p[:n], at
+		if !t.failed && t.kind != bodyOpaque { // an opaque body is not parsed
+			t.pendBuf = append(t.pendBuf[:0], p[:n]...)
+			t.pending, t.pendingAt = t.pendBuf, at
 		}
 	}
 	if err != nil {
 		t.noteErr(err, at)
 	}
 	return n, err
+}
+
+// copyBufSize is the size of the buffer ReverseProxy copies a response
+// through (its own default is 32 KiB, allocated per response). Design
+// note: 4 KiB is the transport's read buffer, so a read from a chunked
+// upstream body returns at most that much whatever the buffer; an SSE
+// event is a few hundred bytes. A larger buffer only held memory for
+// every stream in flight (28 KiB more each) and cost an allocation and
+// its zeroing per response.
+const copyBufSize = 4 << 10
+
+var copyBufPool = sync.Pool{New: func() any { return new([copyBufSize]byte) }}
+
+// copyBuffers is the proxy's httputil.BufferPool: one pooled 4 KiB
+// buffer per response being copied. The tap never keeps a reference to
+// it (see pendBuf).
+type copyBuffers struct{}
+
+func (copyBuffers) Get() []byte { return copyBufPool.Get().(*[copyBufSize]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if len(b) == copyBufSize {
+		copyBufPool.Put((*[copyBufSize]byte)(b))
+	}
 }
 
 // keep copies read bytes for content capture (off: one branch).
