@@ -25,6 +25,10 @@
 #                in front of a real Ollama (built by the tools step) serving a
 #                tiny model the tests write, every wire format raw and through
 #                the SDKs (about a minute once built)
+#   peers        scripts/peers.sh --smoke: the peers benchmark (tools/peerbench)
+#                for a few seconds a path, only to check that it works: the
+#                sidecar must lose no stream (the full table is run by hand,
+#                docs/performance.md)
 #   fuzz         every fuzz target (found with `go test -list '^Fuzz'`) for
 #                FUZZTIME each (default 15s); skipped with --quick
 #
@@ -116,6 +120,9 @@ step "engines" "(enginetest: tidy, vet, staticcheck, go test -count=1 ./... in f
   # No -race: the code under test is the sidecar binary, a process of its own.
   go test -count=1 -timeout 20m ./...
 )
+
+step "peers" "(scripts/peers.sh --smoke: the peers benchmark, short, only to check that it works)"
+bash scripts/peers.sh --smoke
 
 if [ "$quick" = true ]; then
   step "fuzz" "(skipped: --quick)"

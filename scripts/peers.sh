@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# peers.sh: what the sidecar adds to a token stream, and what it costs, next
+# to its peers, in one run (tools/peerbench; docs/performance.md explains
+# the table). Not part of scripts/test.sh's checks: CI runs only --smoke.
+#
+#   scripts/peers.sh                  the table at 50 and 200 streams, 3 runs,
+#                                     and the 1,000-stream memory run (~15 min)
+#   scripts/peers.sh --smoke          a few seconds of each, to check that the
+#                                     harness works (what CI runs)
+#   scripts/peers.sh --profile DIR    also CPU and allocation profiles of the
+#                                     sidecar over each window of the first run
+#   scripts/peers.sh -- FLAGS...      more `peerbench run` flags (see
+#                                     `go run ./tools/peerbench run -h`)
+#
+# Paths: direct, a bare Go httputil.ReverseProxy, the sidecar with every
+# instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
+# an SLO, a canary probe), the sidecar with OTLP off, and nginx, haproxy and
+# caddy when installed (Debian: apt-get install nginx-light haproxy caddy;
+# write a /usr/sbin/policy-rc.d that exits 101 first, so that apt starts no
+# service). Jaeger is the one scripts/install-test-tools.sh builds; without
+# it traces go to a built-in OTLP sink.
+#
+# Environment:
+#   PEERS_DIR   work folder (configs, logs, records, binaries); default: new temp
+#   BASELINE    a git revision: its sidecar also runs, as tokentap-base (built in
+#               a git worktree), for a before/after in the same run
+#   CGO_CFLAGS  default: -O2 -g -Wno-deprecated-declarations (go-nvml's headers)
+#
+# Everything listens on 127.0.0.1 and every load is bounded in streams and
+# time. Exit status: non-zero when the sidecar lost a stream or a path
+# carried no event. The figures move ±25% from run to run on a shared
+# machine: compare ratios within one run and take the median of three.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
+gobin="$(go env GOBIN)"
+[ -n "$gobin" ] || gobin="$(go env GOPATH)/bin"
+export PATH="$PATH:$gobin"
+
+smoke=false
+profile=""
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) smoke=true ;;
+    --profile) profile="$2"; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/peers.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+work="${PEERS_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/peers.XXXXXX")}"
+mkdir -p "$work"
+echo "peers: work folder $work"
+go build -o "$work/sidecar" ./cmd/sidecar
+go build -o "$work/peerbench" ./tools/peerbench
+
+args=(-dir "$work/run")
+if [ "$smoke" = true ]; then
+  args+=(-streams 5 -duration 2s -warmup 1s -runs 1 -memory 20 -memory-duration 2s)
+fi
+if [ -n "$profile" ]; then
+  # Profiles come from the same sidecar code run by peerbench itself, which
+  # serves /debug/pprof/ (the sidecar binary serves none).
+  args+=(-sidecar "$work/peerbench" -profile "$profile")
+else
+  args+=(-sidecar "$work/sidecar")
+fi
+if [ -n "${BASELINE:-}" ]; then
+  rev="$(git rev-parse --verify "$BASELINE^{commit}")"
+  src="$work/base-src"
+  rm -rf "$src"
+  git worktree add -q --detach "$src" "$rev"
+  trap 'git worktree remove --force "$src" >/dev/null 2>&1 || true' EXIT
+  (cd "$src" && go build -o "$work/sidecar-base" ./cmd/sidecar)
+  args+=(-baseline "$work/sidecar-base")
+  echo "peers: tokentap-base is $rev"
+fi
+"$work/peerbench" run "${args[@]}" "${extra[@]}"

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/tokentap/tokentap/app"
+)
+
+// sidecarCmd runs the sidecar exactly as cmd/sidecar does (app.Run with
+// the flags after "--"), plus Go's profiling endpoints on -pprof, so
+// that the run command can take CPU and allocation profiles of it under
+// the peers' workload. The sidecar itself serves no profiling endpoint.
+func sidecarCmd(args []string) error {
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	addr := fs.String("pprof", "", "address of /debug/pprof/ (empty: none)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *addr == "" {
+		return runSidecar(fs.Args())
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.ListenAndServe()
+	defer srv.Close()
+
+	return runSidecar(fs.Args())
+}
+
+func runSidecar(args []string) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	err := app.Run(ctx, args, app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr})
+	if app.ExitCode(err) == 2 {
+		return errors.New("sidecar flags: " + err.Error())
+	}
+	return err
+}
