@@ -8,6 +8,9 @@
 #                         receiver for the tracing tests); built from source,
 #                         about ten minutes on two cores the first time
 #   staticcheck           pinned below; `go install`ed
+#   benchstat             pinned in tools/benchstat/go.mod (golang.org/x/perf);
+#                         scripts/bench-compare.sh compares the hot path's
+#                         benchmarks with it (docs/performance.md)
 #   helm                  pinned below; built from its Go module (about three
 #                         minutes on two cores the first time): the chart's
 #                         lint and template checks (tools/deploycheck)
@@ -94,6 +97,15 @@ if [ "$have" != "$STATICCHECK_VERSION" ] || [ "$have_go" != "$want_go" ]; then
   GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
 
+# benchstat, built from the pinned tool module. Rebuilt only when the binary
+# is missing or was built from another golang.org/x/perf version.
+BENCHSTAT_VERSION="$(awk '$1 == "golang.org/x/perf" { print $2; exit }' "$root/tools/benchstat/go.mod")"
+have="$(modversion "$gobin/benchstat" golang.org/x/perf)"
+if [ -z "$BENCHSTAT_VERSION" ] || [ "$have" != "$BENCHSTAT_VERSION" ]; then
+  echo "building benchstat ${BENCHSTAT_VERSION:-?} from tools/benchstat (have: ${have:-none})"
+  (cd "$root/tools/benchstat" && go build -o "$gobin/benchstat" golang.org/x/perf/cmd/benchstat)
+fi
+
 # helm, built from its Go module at the pinned version.
 have="$(modversion "$gobin/helm" helm.sh/helm/v3)"
 if [ "$have" != "$HELM_VERSION" ]; then
@@ -136,6 +148,7 @@ echo "jaeger:      $gobin/jaeger ($(modversion "$gobin/jaeger" github.com/jaeger
 echo "staticcheck: $gobin/staticcheck ($("$gobin/staticcheck" -version 2>&1 | head -1))"
 echo "prometheus:  $(command -v prometheus) ($(prometheus --version 2>&1 | head -1))"
 echo "promtool:    $(command -v promtool) ($(promtool --version 2>&1 | head -1))"
+echo "benchstat:   $gobin/benchstat ($(modversion "$gobin/benchstat" golang.org/x/perf), tools/benchstat)"
 echo "helm:        $gobin/helm ($(modversion "$gobin/helm" helm.sh/helm/v3))"
 echo "buildah:     $(command -v buildah) ($(buildah --version 2>&1 | head -1))"
 echo "ollama:      $gobin/ollama ($(modversion "$gobin/ollama" github.com/ollama/ollama), tools/ollama)"
