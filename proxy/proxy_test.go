@@ -49,8 +49,19 @@ func do(t *testing.T, fs *httptest.Server, path, body string) (*http.Response, s
 	return resp, string(b)
 }
 
+// only returns the one record collected. A client can read the end of a
+// response with a Content-Length before the handler has returned and
+// the record is written: wait for it, briefly.
 func only(t *testing.T, c *collect) *record.Record {
 	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		n := len(c.recs)
+		c.mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.recs) != 1 {
