@@ -178,11 +178,11 @@ func (t *tap) readPass(p []byte) (int, error) {
 
 // copyBufSize is the size of the buffer ReverseProxy copies a response
 // through (its own default is 32 KiB, allocated per response). Design
-// note: 4 KiB is the transport's read buffer, so a read from a chunked
-// upstream body returns at most that much whatever the buffer; an SSE
-// event is a few hundred bytes. A larger buffer only held memory for
-// every stream in flight (28 KiB more each) and cost an allocation and
-// its zeroing per response.
+// note: an SSE event is a few hundred bytes, and the transport's own
+// read buffer is 4 KiB, so a stream's reads fit; a large non-streaming
+// body takes more reads (8 where 32 KiB took one). The default held 28
+// KiB more for every stream in flight and cost an allocation and its
+// zeroing per response.
 const copyBufSize = 4 << 10
 
 var copyBufPool = sync.Pool{New: func() any { return new([copyBufSize]byte) }}
