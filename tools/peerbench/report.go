@@ -132,6 +132,11 @@ func printRatios(w io.Writer, streams int, targets []*target, cells [][][]cell, 
 	type ratio struct {
 		name string
 		f    func(s []summary) (float64, bool)
+		// parts, when set, gives the ratio's numerator and denominator,
+		// for the ratio of their medians too: a run whose denominator
+		// is not positive (nginx added nothing over direct at p99, in
+		// the noise) has no ratio of its own.
+		parts func(s []summary) (num, den float64, ok bool)
 	}
 	get := func(s []summary, name string) (summary, bool) {
 		i, ok := idx[name]
@@ -158,36 +163,43 @@ func printRatios(w io.Writer, streams int, targets []*target, cells [][][]cell, 
 		return a / b, true
 	}
 	ratios := []ratio{
-		{"CPU per event, tokentap / bare Go (goal ≤ 1.1)", func(s []summary) (float64, bool) {
+		{name: "CPU per event, tokentap / bare Go (goal ≤ 1.1)", f: func(s []summary) (float64, bool) {
 			b, ok := get(s, "bare")
 			return div(s[tt].cpuPerEv, b.cpuPerEv, ok)
 		}},
-		{"CPU per event, tokentap / nginx (moonshot ≤ 1)", func(s []summary) (float64, bool) {
+		{name: "CPU per event, tokentap / nginx (moonshot ≤ 1)", f: func(s []summary) (float64, bool) {
 			n, ok := get(s, "nginx")
 			return div(s[tt].cpuPerEv, n.cpuPerEv, ok)
 		}},
-		{"added p50 delay, tokentap / nginx (goal ≤ 1)", func(s []summary) (float64, bool) {
+		{name: "added p50 delay, tokentap / nginx (goal ≤ 1)", parts: func(s []summary) (float64, float64, bool) {
 			a, ok1 := added(s, "tokentap", false)
 			n, ok2 := added(s, "nginx", false)
-			return div(a, n, ok1 && ok2)
+			return a, n, ok1 && ok2
 		}},
-		{"added p99 delay, tokentap / nginx (goal ≤ 1)", func(s []summary) (float64, bool) {
+		{name: "added p99 delay, tokentap / nginx (goal ≤ 1)", parts: func(s []summary) (float64, float64, bool) {
 			a, ok1 := added(s, "tokentap", true)
 			n, ok2 := added(s, "nginx", true)
-			return div(a, n, ok1 && ok2)
+			return a, n, ok1 && ok2
 		}},
-		{"OTLP's cost, tokentap − tokentap-nootlp, CPU µs per event", func(s []summary) (float64, bool) {
+		{name: "OTLP's cost, tokentap − tokentap-nootlp, CPU µs per event", f: func(s []summary) (float64, bool) {
 			n, ok := get(s, "tokentap-nootlp")
 			return s[tt].cpuPerEv - n.cpuPerEv, ok
 		}},
-		{"CPU per event, tokentap / tokentap-base", func(s []summary) (float64, bool) {
+		{name: "CPU per event, tokentap / tokentap-base", f: func(s []summary) (float64, bool) {
 			b, ok := get(s, "tokentap-base")
 			return div(s[tt].cpuPerEv, b.cpuPerEv, ok)
 		}},
 	}
 	fmt.Fprintf(w, "\nratios at %d streams (per run; median)\n\n", streams)
 	for _, r := range ratios {
-		var vals []float64
+		if r.parts != nil {
+			parts := r.parts
+			r.f = func(s []summary) (float64, bool) {
+				a, b, ok := parts(s)
+				return div(a, b, ok)
+			}
+		}
+		var vals, nums, dens []float64
 		var strs []string
 		for run := range cells {
 			var ss []summary
@@ -198,11 +210,28 @@ func printRatios(w io.Writer, streams int, targets []*target, cells [][][]cell, 
 				vals = append(vals, v)
 				strs = append(strs, fmt.Sprintf("%.2f", v))
 			}
+			if r.parts != nil {
+				if a, b, ok := r.parts(ss); ok {
+					nums, dens = append(nums, a), append(dens, b)
+				}
+			}
 		}
-		if len(vals) == 0 {
-			continue
+		line := ""
+		if len(vals) > 0 {
+			line = fmt.Sprintf("%s; median %.2f", strings.Join(strs, ", "), median(vals))
 		}
-		fmt.Fprintf(w, "- %s: %s; median %.2f\n", r.name, strings.Join(strs, ", "), median(vals))
+		if len(nums) > 0 {
+			if line != "" {
+				line += "; "
+			}
+			line += fmt.Sprintf("medians %.0f / %.0f µs", median(nums), median(dens))
+			if d := median(dens); d > 0 {
+				line += fmt.Sprintf(" = %.2f", median(nums)/d)
+			}
+		}
+		if line != "" {
+			fmt.Fprintf(w, "- %s: %s\n", r.name, line)
+		}
 	}
 }
 
