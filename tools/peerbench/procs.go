@@ -87,7 +87,7 @@ func (p *proc) tail() string {
 	if len(b) > 1500 {
 		b = b[len(b)-1500:]
 	}
-	return string(b)
+	return strings.TrimSpace(string(b))
 }
 
 func freePort() (int, error) {

@@ -216,7 +216,7 @@ func installed(names map[string]bool) (out []peer, missing []string) {
 			p.bin = bin
 			out = append(out, p)
 		} else {
-			missing = append(missing, p.name)
+			missing = append(missing, p.name+" (not installed)")
 		}
 	}
 	return out, missing
