@@ -29,6 +29,7 @@ type runFlags struct {
 	jaeger            string
 	dir               string
 	profile           string
+	memProfileRate    int
 	noOTLPVariant     bool
 }
 
@@ -50,7 +51,8 @@ func parseRun(args []string) (runFlags, error) {
 	only := fs.String("only", "", "comma-separated targets to run (direct, bare, tokentap, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
 	fs.StringVar(&f.jaeger, "jaeger", "", "Jaeger binary for the OTLP traces (default: jaeger on PATH or in GOPATH/bin; 'none': the built-in sink)")
 	fs.StringVar(&f.dir, "dir", "", "work folder for configs, logs, records and profiles (default: a new temporary folder)")
-	fs.StringVar(&f.profile, "profile", "", "folder for CPU and allocation profiles of tokentap, taken over each window of the first run")
+	fs.StringVar(&f.profile, "profile", "", "folder for CPU and allocation profiles of tokentap, taken over each window of the first run, and its heap in the memory run")
+	fs.IntVar(&f.memProfileRate, "memprofilerate", 0, "with -profile: the profiled sidecar's runtime.MemProfileRate (1: every allocation sampled, an exact heap breakdown; 0: Go's default)")
 	nootlp := fs.Bool("nootlp", true, "also run tokentap with OTLP off (tokentap-nootlp), to state what OTLP adds")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -257,7 +259,11 @@ func (b *bench) setup() error {
 			args := sidecarArgs(f.dir, name, b.upPort, t.port, admin)
 			switch {
 			case t.pprof != "":
-				args = append([]string{"sidecar", "-pprof", t.pprof, "--"}, args...)
+				pre := []string{"sidecar", "-pprof", t.pprof}
+				if f.memProfileRate > 0 {
+					pre = append(pre, "-memprofilerate", itoa(f.memProfileRate))
+				}
+				args = append(append(pre, "--"), args...)
 			case f.profile != "" && bin == f.sidecar: // a peerbench binary
 				args = append([]string{"sidecar", "--"}, args...)
 			}
@@ -523,7 +529,22 @@ func (b *bench) memoryRun() (bad bool) {
 				}
 			}()
 		}
-		l.OnEnd = func() { close(stop); <-sampled }
+		l.OnEnd = func() {
+			close(stop)
+			<-sampled
+			if t.pprof != "" {
+				// The heap (after a collection) and the runtime's memory
+				// statistics with the streams still in flight: where the
+				// memory per stream goes.
+				path := filepath.Join(f.profile, "heap-memory.txt")
+				if err := fetch("http://"+t.pprof+"/debug/pprof/heap?gc=1&debug=1", path); err != nil {
+					fmt.Fprintln(os.Stderr, "peerbench: heap profile:", err)
+				}
+				if err := fetch("http://"+t.pprof+"/debug/pprof/goroutine?debug=1", filepath.Join(f.profile, "goroutines-memory.txt")); err != nil {
+					fmt.Fprintln(os.Stderr, "peerbench: goroutine profile:", err)
+				}
+			}
+		}
 		row.res = l.run()
 		rows = append(rows, row)
 		if row.res.Errors > 0 || row.res.Events == 0 {

@@ -8,6 +8,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -21,9 +22,11 @@ import (
 func sidecarCmd(args []string) error {
 	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
 	addr := fs.String("pprof", "", "address of /debug/pprof/ (empty: none)")
+	rate := fs.Int("memprofilerate", runtime.MemProfileRate, "bytes allocated per heap profile sample (1: every allocation, for an exact breakdown of the memory per stream)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	runtime.MemProfileRate = *rate
 	if *addr == "" {
 		return runSidecar(fs.Args())
 	}
