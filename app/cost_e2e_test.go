@@ -1,21 +1,17 @@
 package app
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/tokentap/tokentap/internal/testtool"
 	"github.com/tokentap/tokentap/slo"
 )
 
@@ -100,46 +96,4 @@ func optValue(f *float64) any {
 		return nil
 	}
 	return *f
-}
-
-// startRulesPrometheus runs a Prometheus that scrapes the sidecar every
-// second and evaluates the shipped rules with every window divided by
-// scale; it returns its address.
-func startRulesPrometheus(t *testing.T, admin string, scale int) string {
-	promBin := testtool.Need(t, "prometheus")
-	dir := t.TempDir()
-	rules, err := slo.PlainRules(slo.RuleParams{Scale: scale})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644)
-	os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(fmt.Sprintf(`
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [rules.yaml]
-scrape_configs:
-  - job_name: tokentap
-    static_configs: [{targets: ["%s"]}]
-`, admin)), 0o644)
-	prom := freePort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cmd := exec.CommandContext(ctx, promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+prom, "--log.level=warn")
-	logf, _ := os.Create(filepath.Join(dir, "prometheus.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		cancel()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
-			t.Logf("prometheus log:\n%s", b)
-		}
-	})
-	return prom
 }

@@ -2,22 +2,16 @@ package app
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/tokentap/tokentap/internal/testtool"
-	"github.com/tokentap/tokentap/slo"
 )
 
 // scrapeAdmin returns the sidecar's /metrics text.
@@ -123,10 +117,7 @@ func readEngineRecords(t *testing.T, path string) []engineRecord {
 // the sustained-preemption alert fire under the load and resolve once it
 // stops; the records of stalled requests carry preemptions_during > 0.
 func TestEnginePreemptionAlertWithRealPrometheus(t *testing.T) {
-	promBin := testtool.Need(t, "prometheus")
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "tokentap.yaml")
-	os.WriteFile(cfgFile, []byte(`
+	a, records := startSimulator(t, `
 simulator:
   max_batch: 8
   max_queue: 1000
@@ -144,62 +135,12 @@ slo:
   stall_threshold: 50ms
 engine:
   interval: 100ms
-`), 0o644)
-	a, records := startSidecar(t, "", "--config", cfgFile, "--upstream", "")
-	if !a.Simulated {
-		t.Fatal("expected the built-in simulator")
-	}
-	const scale = 60
-	rules, err := slo.PlainRules(slo.RuleParams{Scale: scale})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644)
-	os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(fmt.Sprintf(`
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [rules.yaml]
-scrape_configs:
-  - job_name: tokentap
-    static_configs: [{targets: ["%s"]}]
-`, a.Admin)), 0o644)
-	prom := freePort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+prom, "--log.level=warn")
-	logf, _ := os.Create(filepath.Join(dir, "prometheus.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
-			t.Logf("prometheus log:\n%s", b)
-		}
-	}()
+`)
+	prom := startRulesPrometheus(t, a.Admin, 60)
 	const alert = "TokentapEnginePreemptionsSustained"
 	start := time.Now()
-	waitFor := func(what string, limit time.Duration, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(limit)
-		for !cond() {
-			if time.Now().After(deadline) {
-				for _, q := range []string{`tokentap_engine_preemptions_total`, `rate(tokentap_engine_preemptions_total[10s])`,
-					`tokentap_engine_kv_cache_usage_ratio`, `tokentap_engine_requests_waiting`, `tokentap_engine_up`} {
-					v, ok := promQuery(t, prom, q)
-					t.Logf("%s = %v (%v)", q, v, ok)
-				}
-				t.Logf("alert state %q", alertState(prom, alert))
-				t.Fatalf("gave up after %v waiting for %s", limit, what)
-			}
-			time.Sleep(250 * time.Millisecond)
-		}
-	}
+	waitFor := promWaiter(t, prom, alert, 250*time.Millisecond, `tokentap_engine_preemptions_total`, `rate(tokentap_engine_preemptions_total[10s])`,
+		`tokentap_engine_kv_cache_usage_ratio`, `tokentap_engine_requests_waiting`, `tokentap_engine_up`)
 
 	// Phase 1: one client, short answers: no preemption, no alert.
 	var sent atomic.Int64

@@ -1,16 +1,12 @@
 package app
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokentap/tokentap/internal/testtool"
 	"github.com/tokentap/tokentap/slo"
 )
 
@@ -111,10 +106,7 @@ func load(proxy string, n, maxTokens int, stop <-chan struct{}, wg *sync.WaitGro
 // attainment alert go pending and firing, then recover when the load
 // stops.
 func TestSLOAlertWithRealPrometheus(t *testing.T) {
-	promBin := testtool.Need(t, "prometheus")
-	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "tokentap.yaml")
-	os.WriteFile(cfgFile, []byte(`
+	a, _ := startSimulator(t, `
 simulator:
   max_batch: 2
   max_queue: 1000
@@ -134,60 +126,10 @@ slo:
       window: 30s
       thresholds:
         ttft: 250ms
-`), 0o644)
-	a, _ := startSidecar(t, "", "--config", cfgFile, "--upstream", "")
-	if !a.Simulated {
-		t.Fatal("expected the built-in simulator")
-	}
-
-	rules, err := slo.PlainRules(slo.RuleParams{Scale: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644)
-	os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(fmt.Sprintf(`
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [rules.yaml]
-scrape_configs:
-  - job_name: tokentap
-    static_configs: [{targets: ["%s"]}]
-`, a.Admin)), 0o644)
-	prom := freePort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+prom, "--log.level=warn")
-	logf, _ := os.Create(filepath.Join(dir, "prometheus.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
-			t.Logf("prometheus log:\n%s", b)
-		}
-	}()
-
-	waitFor := func(what string, limit time.Duration, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(limit)
-		for !cond() {
-			if time.Now().After(deadline) {
-				for _, q := range []string{`slo:tokentap_attainment:ratio5m`, `slo:tokentap_attainment:ratio1h`, `slo:tokentap_error_lower95:ratio1h`, `slo:tokentap_offered:increase1h`} {
-					v, ok := promQuery(t, prom, q)
-					t.Logf("%s = %v (%v)", q, v, ok)
-				}
-				t.Logf("alert state %q", alertState(prom, "TokentapSLOAttainmentBelowTarget"))
-				t.Fatalf("gave up after %v waiting for %s", limit, what)
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
-	}
+`)
+	prom := startRulesPrometheus(t, a.Admin, 120)
+	waitFor := promWaiter(t, prom, "TokentapSLOAttainmentBelowTarget", 500*time.Millisecond,
+		`slo:tokentap_attainment:ratio5m`, `slo:tokentap_attainment:ratio1h`, `slo:tokentap_error_lower95:ratio1h`, `slo:tokentap_offered:increase1h`)
 	var sent atomic.Int64
 	var wg sync.WaitGroup
 	light, heavy := make(chan struct{}), make(chan struct{})

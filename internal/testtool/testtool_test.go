@@ -4,8 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // A tool name that is on no PATH.
@@ -80,5 +83,53 @@ func TestNeedFindsToolOnPath(t *testing.T) {
 	t.Setenv("PATH", dir)
 	if got := Need(t, "fake-tool"); got != tool {
 		t.Errorf("Need(fake-tool) = %q, want %q", got, tool)
+	}
+}
+
+// TestStartHelper is the subprocess of TestStartLogsWhenTheTestFailed:
+// it starts a tool that writes a line and then fails.
+func TestStartHelper(t *testing.T) {
+	if os.Getenv("TESTTOOL_START") == "" {
+		t.Skip("helper process for the tests of Start")
+	}
+	Start(t, "talker", Need(t, "sh"), "-c", "echo the last words of the tool; exec sleep 60")
+	time.Sleep(200 * time.Millisecond)
+	t.Fatal("failing on purpose")
+}
+
+func TestStartLogsWhenTheTestFailed(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStartHelper$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TESTTOOL_START=1")
+	out, err := cmd.CombinedOutput()
+	if _, ok := err.(*exec.ExitError); !ok {
+		t.Fatalf("the helper: %v, want it failed; output:\n%s", err, out)
+	}
+	for _, want := range []string{"talker log (last", "the last words of the tool"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestStartKillsTheToolAtCleanup(t *testing.T) {
+	sh := Need(t, "sh")
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	var pid int
+	t.Run("tool", func(t *testing.T) {
+		Start(t, "sleeper", sh, "-c", "echo $$ > "+pidFile+"; exec sleep 60")
+		for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(10 * time.Millisecond) {
+			if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
+				pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the tool did not start")
+			}
+		}
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("the tool does not run: %v", err)
+		}
+	})
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+		t.Errorf("after the test, signalling the tool (pid %d): %v, want ESRCH", pid, err)
 	}
 }
