@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -57,21 +56,7 @@ processors:
 exporters:
   jaeger_storage_exporter: {trace_storage: mem}
 `, query, queryGRPC, otlp, otlpGRPC)), 0o644)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--config", cfg)
-	logf, _ := os.Create(filepath.Join(dir, "jaeger.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "jaeger.log"))
-			t.Logf("jaeger log (tail):\n%s", tail(string(b), 3000))
-		}
-	})
+	testtool.Start(t, "jaeger", bin, "--config", cfg)
 	waitUntil(t, "Jaeger's query API", 60*time.Second, func() bool {
 		resp, err := http.Get("http://" + query + "/api/services")
 		if err == nil {
@@ -80,13 +65,6 @@ exporters:
 		return err == nil && resp.StatusCode == 200
 	})
 	return otlp, query, otlpGRPC
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 type jTrace struct {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -147,21 +146,7 @@ receivers:
 exporters:
   prometheus: {endpoint: "%s"}
 `, otlp, prom), 0o644)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--config", cfg)
-	logf, _ := os.Create(filepath.Join(dir, "collector.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "collector.log"))
-			t.Logf("collector log:\n%s", b)
-		}
-	})
+	testtool.Start(t, "collector", bin, "--config", cfg)
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if c, err := net.Dial("tcp", otlp); err == nil {
 			c.Close()
