@@ -1,7 +1,6 @@
 package app
 
 import (
-	"encoding/json"
 	"io"
 	"math"
 	"net/http"
@@ -11,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/tokentap/tokentap/slo"
 )
 
 // TestExampleScorecard runs the shipped example configuration
@@ -60,13 +57,7 @@ func TestExampleScorecard(t *testing.T) {
 	}
 	wg.Wait()
 
-	resp, err := http.Get("http://" + a.Admin + "/slo?format=json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var page slo.Page
-	json.NewDecoder(resp.Body).Decode(&page)
-	resp.Body.Close()
+	page := sloPage(t, a.Admin)
 	if len(page.SLOs) != 1 || page.SLOs[0].Scorecard == nil {
 		t.Fatalf("/slo: %+v", page)
 	}
@@ -78,7 +69,7 @@ func TestExampleScorecard(t *testing.T) {
 		c.TTFTP99Seconds == nil || c.ITLP99Seconds == nil || len(c.Curve) == 0 || c.Knee.State == "" {
 		t.Errorf("scorecard %+v", c)
 	}
-	resp, err = http.Get("http://" + a.Admin + "/slo")
+	resp, err := http.Get("http://" + a.Admin + "/slo")
 	if err != nil {
 		t.Fatal(err)
 	}

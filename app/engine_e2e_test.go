@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -143,16 +141,8 @@ engine:
 		`tokentap_engine_kv_cache_usage_ratio`, `tokentap_engine_requests_waiting`, `tokentap_engine_up`)
 
 	// Phase 1: one client, short answers: no preemption, no alert.
-	var sent atomic.Int64
-	var wg sync.WaitGroup
-	light, heavy := make(chan struct{}), make(chan struct{})
-	var once [2]sync.Once
-	stopLight := func() { once[0].Do(func() { close(light) }) }
-	stopHeavy := func() { once[1].Do(func() { close(heavy) }) }
-	defer wg.Wait()
-	defer stopLight()
-	defer stopHeavy()
-	load(a.Proxy, 1, 8, light, &wg, &sent)
+	phases := newPhases(t, a.Proxy)
+	phases.startLight(1, 8)
 	waitFor("Prometheus to scrape the engine series", 30*time.Second, func() bool {
 		v, ok := promQuery(t, prom, `tokentap_engine_up{engine="simulator",reason="ok"}`)
 		return ok && v == 1
@@ -166,7 +156,7 @@ engine:
 
 	// Phase 2: 16 clients, 64 tokens each, against a 200-token cache: the
 	// batch fills, sequences outgrow the cache and are preempted.
-	load(a.Proxy, 16, 64, heavy, &wg, &sent)
+	phases.startHeavy(16, 64)
 	sawPending := false
 	waitFor("the preemption alert to fire", 60*time.Second, func() bool {
 		s := alertState(prom, alert)
@@ -180,11 +170,11 @@ engine:
 	t.Logf("firing after %v (pending seen: %v): %.1f preemptions/s, KV cache up to %.2f; burst warning %q", fired.Round(time.Second), sawPending, rate, kv, burst)
 
 	// Phase 3: the load stops: the rate falls to 0 and the alert resolves.
-	stopHeavy()
+	phases.stopHeavy()
 	waitFor("the preemption alert to resolve", 60*time.Second, func() bool { return alertState(prom, alert) == "" })
 	resolved := time.Since(start)
-	stopLight()
-	wg.Wait()
+	phases.stopLight()
+	phases.wait()
 	total := 0.0
 	for _, l := range strings.Split(scrapeAdmin(t, a.Admin), "\n") {
 		if v, ok := strings.CutPrefix(l, `tokentap_engine_preemptions_total{engine="simulator"} `); ok {
@@ -196,7 +186,7 @@ engine:
 	var recs []engineRecord
 	waitFor("the records to be written", 10*time.Second, func() bool {
 		recs = readEngineRecords(t, records)
-		return int64(len(recs)) >= sent.Load()/2
+		return int64(len(recs)) >= phases.sent.Load()/2
 	})
 	stalled, withPreemptions, causedByPreemption, absent := 0, 0, 0, 0
 	causes := map[string]int{}
@@ -223,7 +213,7 @@ engine:
 		}
 	}
 	t.Logf("requests sent %d, records %d; %.0f preemptions; fired at %v, resolved at %v; stalled live records %d, with preemptions_during > 0: %d, stall causes %v; records without preemptions_during: %d",
-		sent.Load(), len(recs), total, fired.Round(time.Second), resolved.Round(time.Second), stalled, withPreemptions, causes, absent)
+		phases.sent.Load(), len(recs), total, fired.Round(time.Second), resolved.Round(time.Second), stalled, withPreemptions, causes, absent)
 	if stalled == 0 || withPreemptions == 0 || causedByPreemption == 0 {
 		t.Fatalf("stalled %d, with preemptions_during > 0: %d, stall_cause preemption: %d", stalled, withPreemptions, causedByPreemption)
 	}

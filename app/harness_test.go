@@ -1,9 +1,13 @@
 package app
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,4 +74,49 @@ func promWaiter(t *testing.T, prom, alert string, poll time.Duration, queries ..
 			time.Sleep(poll)
 		}
 	}
+}
+
+// phases are a test's two closed-loop loads against the proxy: a light
+// one and a heavy one on top. Each stops once, by the test or at the
+// latest by its cleanup, which stops the heavy one first and then waits
+// for every client.
+type phases struct {
+	proxy        string
+	sent         atomic.Int64 // requests sent by both loads
+	wg           sync.WaitGroup
+	light, heavy chan struct{}
+	once         [2]sync.Once
+}
+
+func newPhases(t *testing.T, proxy string) *phases {
+	p := &phases{proxy: proxy, light: make(chan struct{}), heavy: make(chan struct{})}
+	t.Cleanup(func() {
+		p.stopHeavy()
+		p.stopLight()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// startLight and startHeavy start n clients asking for maxTokens each.
+func (p *phases) startLight(n, maxTokens int) { load(p.proxy, n, maxTokens, p.light, &p.wg, &p.sent) }
+func (p *phases) startHeavy(n, maxTokens int) { load(p.proxy, n, maxTokens, p.heavy, &p.wg, &p.sent) }
+
+func (p *phases) stopLight() { p.once[0].Do(func() { close(p.light) }) }
+func (p *phases) stopHeavy() { p.once[1].Do(func() { close(p.heavy) }) }
+
+// wait waits for the clients of both loads, once both were stopped.
+func (p *phases) wait() { p.wg.Wait() }
+
+// sloPage reads the sidecar's /slo page as JSON.
+func sloPage(t *testing.T, admin string) slo.Page {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/slo?format=json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page slo.Page
+	json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	return page
 }

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/tokentap/tokentap/slo"
 )
 
 func freePort(t *testing.T) string {
@@ -130,18 +128,10 @@ slo:
 	prom := startRulesPrometheus(t, a.Admin, 120)
 	waitFor := promWaiter(t, prom, "TokentapSLOAttainmentBelowTarget", 500*time.Millisecond,
 		`slo:tokentap_attainment:ratio5m`, `slo:tokentap_attainment:ratio1h`, `slo:tokentap_error_lower95:ratio1h`, `slo:tokentap_offered:increase1h`)
-	var sent atomic.Int64
-	var wg sync.WaitGroup
-	light, heavy := make(chan struct{}), make(chan struct{})
-	var once [2]sync.Once
-	stopLight := func() { once[0].Do(func() { close(light) }) }
-	stopHeavy := func() { once[1].Do(func() { close(heavy) }) }
-	defer wg.Wait() // runs last: after both loads were told to stop
-	defer stopLight()
-	defer stopHeavy()
+	phases := newPhases(t, a.Proxy)
 
 	// Phase 1: light load (one client) meets the SLO.
-	load(a.Proxy, 1, 8, light, &wg, &sent)
+	phases.startLight(1, 8)
 	waitFor("Prometheus to scrape the sidecar and record attainment", 60*time.Second, func() bool {
 		v, ok := promQuery(t, prom, `slo:tokentap_attainment:ratio1h{slo="interactive"}`)
 		return ok && v >= 0.9
@@ -152,7 +142,7 @@ slo:
 
 	// Phase 2: 24 clients against a batch of 2: the queue grows and TTFT
 	// climbs far past 250 ms.
-	load(a.Proxy, 24, 24, heavy, &wg, &sent)
+	phases.startHeavy(24, 24)
 	var low float64
 	sawLow, sawPending := false, false
 	waitFor("attainment to fall below target and the alert to fire", 90*time.Second, func() bool {
@@ -170,25 +160,19 @@ slo:
 
 	// Phase 3: the load stops (light traffic continues); attainment
 	// recovers and the alert resolves.
-	stopHeavy()
+	phases.stopHeavy()
 	waitFor("the alert to resolve after the load stopped", 120*time.Second, func() bool {
 		v, ok := promQuery(t, prom, `slo:tokentap_attainment:ratio5m{slo="interactive"}`)
 		return ok && v >= 0.9 && alertState(prom, "TokentapSLOAttainmentBelowTarget") == ""
 	})
-	stopLight()
+	phases.stopLight()
 
 	// The sidecar's own /slo view agrees that requests were judged.
-	resp, err := http.Get("http://" + a.Admin + "/slo?format=json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var page slo.Page
-	json.NewDecoder(resp.Body).Decode(&page)
-	resp.Body.Close()
+	page := sloPage(t, a.Admin)
 	if len(page.SLOs) != 1 || page.SLOs[0].Offered == 0 || !strings.Contains(page.Scope, "this sidecar instance") {
 		t.Fatalf("/slo: %+v", page)
 	}
-	t.Logf("requests sent: %d; /slo now: %+v", sent.Load(), page.SLOs[0])
+	t.Logf("requests sent: %d; /slo now: %+v", phases.sent.Load(), page.SLOs[0])
 	if v, ok := promQuery(t, prom, `sum(tokentap_time_to_first_token_by_class_seconds_count{prompt_class="short",output_class="short"})`); !ok || v == 0 {
 		t.Errorf("no TTFT-by-class series in Prometheus (%v, %v)", v, ok)
 	}
