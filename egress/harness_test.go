@@ -32,6 +32,7 @@ import (
 
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/internal/testtool"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/tracing"
@@ -340,26 +341,6 @@ func matchLabels(m *dto.Metric, want map[string]string) bool {
 	return true
 }
 
-// fakeClock is the proxy's clock, set by a scripted upstream before each
-// write (as in package proxy's format tests), so every latency is exact.
-type fakeClock struct {
-	mu   sync.Mutex
-	base time.Time
-	now  time.Duration
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.base.Add(c.now)
-}
-
-func (c *fakeClock) set(d time.Duration) {
-	c.mu.Lock()
-	c.now = d
-	c.mu.Unlock()
-}
-
 // step is one upstream write at a known instant; client is what the
 // client receives of it ("" when the sidecar cuts it: the usage chunk).
 type step struct {
@@ -371,7 +352,7 @@ type step struct {
 // event is written only once the client has received the last one.
 type lockstep struct {
 	t       *testing.T
-	clock   *fakeClock
+	clock   *testtool.Clock
 	steps   []step
 	ack     chan struct{}
 	req     chan seen
@@ -386,7 +367,7 @@ type seen struct {
 }
 
 func newLockstep(t *testing.T, steps []step) *lockstep {
-	return &lockstep{t: t, clock: &fakeClock{base: time.Unix(1_700_000_000, 0)}, steps: steps,
+	return &lockstep{t: t, clock: testtool.NewClock(time.Unix(1_700_000_000, 0)), steps: steps,
 		ack: make(chan struct{}), req: make(chan seen, 8), cancelc: make(chan error, 8)}
 }
 
@@ -400,7 +381,7 @@ func (u *lockstep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.client == "" && !includeUsage {
 			continue // the usage chunk: only when asked
 		}
-		u.clock.set(s.at)
+		u.clock.Set(s.at)
 		io.WriteString(w, s.raw)
 		w.(http.Flusher).Flush()
 		if s.client == "" {

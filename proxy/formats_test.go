@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokentap/tokentap/internal/testtool"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -21,24 +21,6 @@ import (
 // writes the next event only once the client has received the last one
 // (the tap timestamps a read before the bytes reach the client), so every
 // latency is exact, not within a tolerance.
-
-type fakeClock struct {
-	mu   sync.Mutex
-	base time.Time
-	now  time.Duration
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.base.Add(c.now)
-}
-
-func (c *fakeClock) set(d time.Duration) {
-	c.mu.Lock()
-	c.now = d
-	c.mu.Unlock()
-}
 
 // step is one upstream write at a known instant; client is what the
 // client receives of it (the same bytes unless the sidecar cuts some).
@@ -54,7 +36,7 @@ type lockstepUp struct {
 	status int
 	header http.Header
 	steps  []step
-	clock  *fakeClock
+	clock  *testtool.Clock
 	ack    chan struct{}
 	body   chan []byte // the request bodies it saw
 }
@@ -71,7 +53,7 @@ func (u *lockstepUp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", u.ct)
 	w.WriteHeader(u.status)
 	for _, s := range u.steps {
-		u.clock.set(s.at)
+		u.clock.Set(s.at)
 		io.WriteString(w, s.raw)
 		w.(http.Flusher).Flush()
 		if s.client == "" {
@@ -94,7 +76,7 @@ func runLockstep(t *testing.T, u *lockstepUp, opts Options, path, body string) (
 	if u.status == 0 {
 		u.status = 200
 	}
-	u.clock = &fakeClock{base: time.Unix(1_700_000_000, 0)}
+	u.clock = testtool.NewClock(time.Unix(1_700_000_000, 0))
 	opts.Clock = u.clock
 	fs, sink := front(t, u, opts)
 	resp, err := http.Post(fs.URL+path, "application/json", strings.NewReader(body))

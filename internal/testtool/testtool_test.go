@@ -133,3 +133,15 @@ func TestStartKillsTheToolAtCleanup(t *testing.T) {
 		t.Errorf("after the test, signalling the tool (pid %d): %v, want ESRCH", pid, err)
 	}
 }
+
+func TestClock(t *testing.T) {
+	base := time.Unix(1_700_000_000, 0)
+	c := NewClock(base)
+	if got := c.Now(); !got.Equal(base) {
+		t.Errorf("Now() before Set = %v, want %v", got, base)
+	}
+	c.Set(1500 * time.Millisecond)
+	if got, want := c.Now(), base.Add(1500*time.Millisecond); !got.Equal(want) {
+		t.Errorf("Now() after Set(1.5s) = %v, want %v", got, want)
+	}
+}
