@@ -87,26 +87,10 @@ func TestSDKsParseThroughTheSidecarAsDirect(t *testing.T) {
 		run   func(ctx context.Context, base string) (parsed, error)
 	}{
 		{"chat/stream", "chat", true, false, func(ctx context.Context, base string) (parsed, error) {
-			c := openaiClient(base)
-			st := c.Chat.Completions.NewStreaming(ctx, chatParams(false))
-			var acc openai.ChatCompletionAccumulator
-			var p parsed
-			for st.Next() {
-				acc.AddChunk(st.Current())
-				p.Events++
-			}
-			return chatResult(acc.ChatCompletion, p), st.Err()
+			return chatStream(ctx, openaiClient(base), chatParams(false))
 		}},
 		{"chat/stream+usage", "chat", true, true, func(ctx context.Context, base string) (parsed, error) {
-			c := openaiClient(base)
-			st := c.Chat.Completions.NewStreaming(ctx, chatParams(true))
-			var acc openai.ChatCompletionAccumulator
-			var p parsed
-			for st.Next() {
-				acc.AddChunk(st.Current())
-				p.Events++
-			}
-			return chatResult(acc.ChatCompletion, p), st.Err()
+			return chatStream(ctx, openaiClient(base), chatParams(true))
 		}},
 		{"chat", "chat", false, true, func(ctx context.Context, base string) (parsed, error) {
 			c := openaiClient(base)
@@ -229,6 +213,19 @@ func chatResult(c openai.ChatCompletion, p parsed) parsed {
 	}
 	p.InputTokens, p.OutputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
 	return p
+}
+
+// chatStream reads a chat completion stream as the SDK's accumulator
+// does.
+func chatStream(ctx context.Context, c openai.Client, params openai.ChatCompletionNewParams) (parsed, error) {
+	st := c.Chat.Completions.NewStreaming(ctx, params)
+	var acc openai.ChatCompletionAccumulator
+	var p parsed
+	for st.Next() {
+		acc.AddChunk(st.Current())
+		p.Events++
+	}
+	return chatResult(acc.ChatCompletion, p), st.Err()
 }
 
 func completionStream(ctx context.Context, c openai.Client, params openai.CompletionNewParams) (parsed, error) {
