@@ -3,43 +3,26 @@ package record
 import (
 	"strconv"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // EngineTimes are durations the engine itself reported about the request
 // (docs/records.md, engine_* fields), kept beside the sidecar's own
-// measurements: with them an operator sees how much of TTFT was the
-// engine's prefill and how much was queueing and the network. Known has
-// one bit per field the engine reported; the others are meaningless.
-// stream.EngineTimes has the same shape (the tap converts one into the
-// other).
-type EngineTimes struct {
-	// Load: loading the model (Ollama's load_duration).
-	Load time.Duration
-	// Queue: waiting in the engine's queue (TGI's x-queue-time).
-	Queue time.Duration
-	// Prompt: evaluating the prompt, the prefill (Ollama's
-	// prompt_eval_duration, llama.cpp's timings.prompt_ms).
-	Prompt time.Duration
-	// Decode: generating the output (Ollama's eval_duration, llama.cpp's
-	// timings.predicted_ms).
-	Decode time.Duration
-	// Inference: prefill and decode together where the engine does not
-	// split them (TGI's x-inference-time).
-	Inference time.Duration
-	// Total: the engine's whole handling of the request (Ollama's
-	// total_duration, TGI's x-total-time).
-	Total time.Duration
-	Known uint8
-}
+// measurements. They are stream.EngineTimes, the parser's, whose fields
+// say what each one is, with the record's JSON: the tap converts the one
+// into the other.
+type EngineTimes stream.EngineTimes
 
-// Bits of EngineTimes.Known, in the order the fields are written.
+// Bits of EngineTimes.Known (stream's), in the order the fields are
+// written.
 const (
-	EngineLoad uint8 = 1 << iota
-	EngineQueue
-	EnginePrompt
-	EngineDecode
-	EngineInference
-	EngineTotal
+	EngineLoad      = stream.EngineLoad
+	EngineQueue     = stream.EngineQueue
+	EnginePrompt    = stream.EnginePrompt
+	EngineDecode    = stream.EngineDecode
+	EngineInference = stream.EngineInference
+	EngineTotal     = stream.EngineTotal
 )
 
 var engineFields = [...]struct {

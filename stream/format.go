@@ -89,7 +89,8 @@ func Parse(f Format, data []byte, c *Chunk) {
 // kept beside the sidecar's own measurements: with them an operator sees
 // how much of TTFT was the engine's prefill and how much was queueing and
 // the network. Known has one bit per field the engine reported; the
-// others are meaningless. (record.EngineTimes has the same shape.)
+// others are meaningless. record.EngineTimes is this type, with the
+// record's JSON.
 type EngineTimes struct {
 	// Load: loading the model (Ollama's load_duration).
 	Load time.Duration
