@@ -2,7 +2,8 @@
 // use (prometheus, promtool, jaeger) and runs them for a test. Outside CI
 // a missing tool skips the test, loudly; with CI=true it fails it: an
 // integration test never passes by not running. scripts/test.sh installs
-// every tool and sets CI=true.
+// every tool and sets CI=true. Clock is the fake clock that the scripted
+// upstreams of several packages' tests set.
 package testtool
 
 import (
