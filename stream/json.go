@@ -46,11 +46,39 @@ func skipString(b []byte, i int) int {
 }
 
 // skipValue returns the index just after the JSON value starting at or
-// after b[i] (leading white space allowed), or -1 if it is malformed.
+// after b[i] (leading white space allowed; trailing white space is not
+// part of the value), or -1 if it is malformed.
+// Strings and literals, most of the values a payload holds, are skipped
+// here; containers by skipContainer, whose nesting stack (512 bytes) is
+// zeroed only when there is a container to skip.
 func skipValue(b []byte, i int) int {
+	i = skipWS(b, i)
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		return skipContainer(b, i)
+	case '}', ']', ',', ':':
+		return -1
+	}
+	start := i
+	for i < len(b) && !isWS(b[i]) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ':' {
+		i++
+	}
+	if !literalOK(b[start:i]) {
+		return -1
+	}
+	return i
+}
+
+// skipContainer returns the index just after the object or array that
+// starts at b[i], or -1 if it is malformed.
+func skipContainer(b []byte, i int) int {
 	var stack [maxDepth / 64]uint64 // 1 bit per level: 1 = object
 	depth := 0
-	i = skipWS(b, i)
 	for {
 		if i >= len(b) {
 			return -1
@@ -94,11 +122,10 @@ func skipValue(b []byte, i int) int {
 		}
 		// after a value: close containers or move to the next member
 		for {
-			i = skipWS(b, i)
 			if depth == 0 {
 				return i
 			}
-			if i >= len(b) {
+			if i = skipWS(b, i); i >= len(b) {
 				return -1
 			}
 			isObj := stack[(depth-1)/64]&(1<<((depth-1)%64)) != 0
@@ -162,6 +189,81 @@ func literalOK(l []byte) bool {
 	return c == '-' || (c >= '0' && c <= '9')
 }
 
+// stopWalk, returned by a walkObject or walkArray callback, stops the walk
+// early; the walk then returns it too.
+const stopWalk = -2
+
+// walkObject walks the object whose '{' is at b[i], in one pass: for each
+// member it calls fn with the raw key (without quotes) and the index of
+// the value's first byte, and fn returns the index just after the value
+// (skipValue(b, v) for a value it does not read; a nested walk for one it
+// does, so that nothing is scanned twice), -1 when the value is
+// malformed, or stopWalk. walkObject returns the index just after the
+// closing '}', -1 if the object is malformed, or stopWalk.
+func walkObject(b []byte, i int, fn func(key []byte, v int) int) int {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1
+		}
+		ke := skipString(b, i)
+		if ke < 0 {
+			return -1
+		}
+		v := afterKey(b, ke)
+		if v < 0 || v >= len(b) {
+			return -1
+		}
+		e := fn(b[i+1:ke-1], v)
+		if e < 0 {
+			return e
+		}
+		if i = skipWS(b, e); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// walkArray is walkObject for the array whose '[' is at b[i]: fn gets the
+// index of each element's first byte.
+func walkArray(b []byte, i int, fn func(v int) int) int {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1
+	}
+	for {
+		if i >= len(b) {
+			return -1
+		}
+		e := fn(i)
+		if e < 0 {
+			return e
+		}
+		if i = skipWS(b, e); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
 // eachMember calls fn for every member of the object in b (white space
 // around it allowed) with the raw key (without quotes) and the raw value.
 // fn returns false to stop. It returns false if b is not a well-formed
@@ -171,43 +273,14 @@ func eachMember(b []byte, fn func(key, val []byte) bool) bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false
-		}
-		ke := skipString(b, i)
-		if ke < 0 {
-			return false
-		}
-		key := b[i+1 : ke-1]
-		v := afterKey(b, ke)
-		if v < 0 {
-			return false
-		}
+	e := walkObject(b, i, func(k []byte, v int) int {
 		ve := skipValue(b, v)
-		if ve < 0 {
-			return false
+		if ve >= 0 && !fn(k, b[v:ve]) {
+			return stopWalk
 		}
-		if !fn(key, trimWS(b[v:ve])) {
-			return true
-		}
-		i = skipWS(b, ve)
-		if i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
-	}
+		return ve
+	})
+	return e == stopWalk || (e >= 0 && skipWS(b, e) == len(b))
 }
 
 // eachElement calls fn for every element of the array in b. It returns
@@ -217,31 +290,26 @@ func eachElement(b []byte, fn func(val []byte) bool) bool {
 	if i >= len(b) || b[i] != '[' {
 		return false
 	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == ']' {
-		return skipWS(b, i+1) == len(b)
+	e := walkArray(b, i, func(v int) int {
+		ve := skipValue(b, v)
+		if ve >= 0 && !fn(b[v:ve]) {
+			return stopWalk
+		}
+		return ve
+	})
+	return e == stopWalk || (e >= 0 && skipWS(b, e) == len(b))
+}
+
+// countAt counts the elements of the array value at b[v] and returns the
+// index just after it (n is -1 and the value skipped when it is not an
+// array).
+func countAt(b []byte, v int) (n, end int) {
+	if b[v] != '[' {
+		return -1, skipValue(b, v)
 	}
-	for {
-		ve := skipValue(b, i)
-		if ve < 0 {
-			return false
-		}
-		if !fn(trimWS(b[i:ve])) {
-			return true
-		}
-		i = skipWS(b, ve)
-		if i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case ']':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
-	}
+	n = 0
+	end = walkArray(b, v, func(e int) int { n++; return skipValue(b, e) })
+	return n, end
 }
 
 func trimWS(b []byte) []byte {
@@ -291,8 +359,12 @@ func intVal(v []byte) (n int64, ok bool) {
 // countElements returns the number of elements of a JSON array value, or
 // -1 if v is not an array.
 func countElements(v []byte) int {
-	n := 0
-	if !eachElement(v, func([]byte) bool { n++; return true }) {
+	v = trimWS(v)
+	if len(v) == 0 {
+		return -1
+	}
+	n, end := countAt(v, 0)
+	if end != len(v) {
 		return -1
 	}
 	return n

@@ -106,49 +106,70 @@ func ParseOpenAI(data []byte, c *Chunk) {
 		return
 	}
 	objectError, native := false, false
-	ok := eachMember(d, func(k, v []byte) bool {
+	// One pass over the payload (walkObject): the members read here are
+	// walked in place, not skipped first and scanned again.
+	ok := len(d) > 0 && d[0] == '{' && walkObject(d, 0, func(k []byte, v int) int {
 		switch string(k) {
-		case "error":
-			c.Error = true
-			parseError(v, c)
-		case "object":
-			if s, _ := strVal(v); string(s) == "error" {
-				objectError = true
-			}
-		case "type": // {"object":"error","type":...} or TGI's error_type
-			if objectError || c.Error {
-				if s, ok := strVal(v); ok && c.ErrorType == nil {
-					c.ErrorType = s
-				}
-			}
-		case "error_type":
-			if s, ok := strVal(v); ok {
-				c.ErrorType = s
-			}
-		case "code":
-			if n, ok := intVal(v); ok && c.ErrorCode == 0 {
-				c.ErrorCode = n
-			}
-		case "id":
-			c.ID, _ = strVal(v)
-		case "model":
-			c.Model, _ = strVal(v)
 		case "choices":
 			c.Choices = 0
-			eachElement(v, func(ch []byte) bool {
+			if d[v] != '[' {
+				return skipValue(d, v)
+			}
+			return walkArray(d, v, func(e int) int {
 				c.Choices++
-				parseChoice(ch, c)
-				return true
+				return parseChoiceAt(d, e, c)
 			})
-		case "usage":
-			parseUsage(v, c)
-		case "timings": // llama.cpp, on the last chunk
-			parseLlamaTimings(v, c)
-		case "stop": // llama.cpp native: a boolean "stop" on every payload
-			native = len(v) > 0 && (v[0] == 't' || v[0] == 'f')
+		case "id", "model", "object", "type", "error_type", "code", "stop":
+			e := skipValue(d, v)
+			if e < 0 {
+				return e
+			}
+			val := d[v:e]
+			switch string(k) {
+			case "id":
+				c.ID, _ = strVal(val)
+			case "model":
+				c.Model, _ = strVal(val)
+			case "object":
+				if s, _ := strVal(val); string(s) == "error" {
+					objectError = true
+				}
+			case "type": // {"object":"error","type":...} or TGI's error_type
+				if objectError || c.Error {
+					if s, ok := strVal(val); ok && c.ErrorType == nil {
+						c.ErrorType = s
+					}
+				}
+			case "error_type":
+				if s, ok := strVal(val); ok {
+					c.ErrorType = s
+				}
+			case "code":
+				if n, ok := intVal(val); ok && c.ErrorCode == 0 {
+					c.ErrorCode = n
+				}
+			case "stop": // llama.cpp native: a boolean "stop" on every payload
+				native = val[0] == 't' || val[0] == 'f'
+			}
+			return e
+		case "error", "usage", "timings":
+			e := skipValue(d, v)
+			if e < 0 {
+				return e
+			}
+			switch string(k) {
+			case "error":
+				c.Error = true
+				parseError(d[v:e], c)
+			case "usage":
+				parseUsage(d[v:e], c)
+			case "timings": // llama.cpp, on the last chunk
+				parseLlamaTimings(d[v:e], c)
+			}
+			return e
 		}
-		return true
-	})
+		return skipValue(d, v)
+	}) == len(d)
 	if !ok {
 		*c = Chunk{Malformed: true, Choices: -1}
 		return
@@ -193,59 +214,82 @@ func parseError(v []byte, c *Chunk) {
 	})
 }
 
-func parseChoice(ch []byte, c *Chunk) {
-	eachMember(ch, func(k, v []byte) bool {
+// parseChoiceAt reads the choice at b[i] into c and returns the index
+// just after it (-1: malformed). A choice that is not an object is
+// skipped.
+func parseChoiceAt(b []byte, i int, c *Chunk) int {
+	if b[i] != '{' {
+		return skipValue(b, i)
+	}
+	return walkObject(b, i, func(k []byte, v int) int {
 		switch string(k) {
 		case "delta", "message":
-			eachMember(v, func(k, v []byte) bool {
+			if b[v] != '{' {
+				return skipValue(b, v)
+			}
+			return walkObject(b, v, func(k []byte, v int) int {
 				switch string(k) {
-				case "content":
-					if s, ok := strVal(v); ok && len(s) > 0 {
-						c.Output = true
+				case "content", "reasoning_content", "reasoning":
+					e := skipValue(b, v)
+					if e >= 0 {
+						if s, ok := strVal(b[v:e]); ok && len(s) > 0 {
+							if string(k) == "content" {
+								c.Output = true
+							} else {
+								c.Reasoning = true
+							}
+						}
 					}
-				case "reasoning_content", "reasoning":
-					if s, ok := strVal(v); ok && len(s) > 0 {
-						c.Reasoning = true
-					}
+					return e
 				case "tool_calls":
-					if countElements(v) > 0 {
+					n, e := countAt(b, v)
+					if n > 0 {
 						c.Output = true
 					}
+					return e
 				case "function_call":
-					if len(v) > 0 && v[0] == '{' {
+					if b[v] == '{' {
 						c.Output = true
 					}
 				}
-				return true
+				return skipValue(b, v)
 			})
-		case "text": // legacy Completions
-			if s, ok := strVal(v); ok && len(s) > 0 {
-				c.Output = true
+		case "text", "finish_reason": // text: legacy Completions
+			e := skipValue(b, v)
+			if e >= 0 {
+				if s, ok := strVal(b[v:e]); ok {
+					if string(k) == "finish_reason" {
+						c.FinishReason = s
+					} else if len(s) > 0 {
+						c.Output = true
+					}
+				}
 			}
-		case "finish_reason":
-			if s, ok := strVal(v); ok {
-				c.FinishReason = s
-			}
+			return e
 		case "token_ids":
-			if n := countElements(v); n > 0 {
+			n, e := countAt(b, v)
+			if n > 0 {
 				c.Tokens += int64(n)
 				c.TokensFrom = SourceTokenIDs
 			}
+			return e
 		case "logprobs":
-			if c.TokensFrom == SourceTokenIDs {
-				return true
+			if c.TokensFrom == SourceTokenIDs || b[v] != '{' {
+				return skipValue(b, v)
 			}
-			eachMember(v, func(k, v []byte) bool {
-				if string(k) == "content" || string(k) == "tokens" {
-					if n := countElements(v); n > 0 {
-						c.Tokens += int64(n)
-						c.TokensFrom = SourceLogprobs
-					}
+			return walkObject(b, v, func(k []byte, v int) int {
+				if string(k) != "content" && string(k) != "tokens" {
+					return skipValue(b, v)
 				}
-				return true
+				n, e := countAt(b, v)
+				if n > 0 {
+					c.Tokens += int64(n)
+					c.TokensFrom = SourceLogprobs
+				}
+				return e
 			})
 		}
-		return true
+		return skipValue(b, v)
 	})
 }
 
