@@ -25,8 +25,10 @@
 #   CGO_CFLAGS    default: -O2 -g -Wno-deprecated-declarations
 #
 # benchstat comes from tools/benchstat (installed by
-# scripts/install-test-tools.sh; built here if missing). Run it on a quiet
-# machine: the two sides run one after the other.
+# scripts/install-test-tools.sh; built here if missing). The two sides'
+# test binaries are built once and run in turns (base, head, base, ...),
+# so that a change in the machine's load hits both; still, run it on a
+# quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
@@ -61,17 +63,32 @@ cleanup() {
 trap cleanup EXIT
 git worktree add -q --detach "$work/base" "$rev"
 
-run() { # DIR OUT: the benchmarks of the packages that exist in DIR
-  local dir=$1 out=$2 have=()
+build() { # DIR BINDIR: the test binaries of the packages that exist in DIR
+  local dir=$1 bin=$2
+  mkdir -p "$bin"
   for p in "${pkgs[@]}"; do
-    [ -d "$dir/$p" ] && have+=("$p")
+    [ -d "$dir/$p" ] || continue
+    (cd "$dir" && go test -c -o "$bin/$(basename "$p").test" "$p")
   done
-  (cd "$dir" && go test -run '^$' -bench "$bench" -benchmem -benchtime "$benchtime" -count "$count" "${have[@]}") >"$out"
+}
+run() { # DIR BINDIR OUT: one run of every benchmark, appended to OUT
+  local dir=$1 bin=$2 out=$3
+  for p in "${pkgs[@]}"; do
+    local t="$bin/$(basename "$p").test"
+    [ -x "$t" ] || continue
+    (cd "$dir/$p" && "$t" -test.run '^$' -test.bench "$bench" -test.benchmem -test.benchtime "$benchtime" -test.count 1) >>"$out"
+  done
 }
 echo "bench-compare: base $(git log -1 --format='%h %s' "$rev" | cut -c1-72)"
-echo "bench-compare: $count runs of $bench, -benchtime $benchtime, each side"
-run "$work/base" "$work/base.txt"
-run "$root" "$work/head.txt"
+echo "bench-compare: $count runs of $bench, -benchtime $benchtime, each side, interleaved"
+build "$work/base" "$work/bin-base"
+build "$root" "$work/bin-head"
+# Interleaved, base then head, count times: a drift of the machine's load
+# (it is shared) hits both sides alike instead of one.
+for _ in $(seq "$count"); do
+  run "$work/base" "$work/bin-base" "$work/base.txt"
+  run "$root" "$work/bin-head" "$work/head.txt"
+done
 "$benchstat" base="$work/base.txt" head="$work/head.txt" | tee "$work/stat.txt"
 
 # benchstat prints one table per unit; a row's change is "+12.34%" with
