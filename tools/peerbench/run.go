@@ -529,21 +529,31 @@ func (b *bench) memoryRun() (bad bool) {
 				}
 			}()
 		}
-		l.OnEnd = func() {
-			close(stop)
-			<-sampled
-			if t.pprof != "" {
-				// The heap (after a collection) and the runtime's memory
-				// statistics with the streams still in flight: where the
-				// memory per stream goes.
-				path := filepath.Join(f.profile, "heap-memory.txt")
-				if err := fetch("http://"+t.pprof+"/debug/pprof/heap?gc=1&debug=1", path); err != nil {
-					fmt.Fprintln(os.Stderr, "peerbench: heap profile:", err)
-				}
-				if err := fetch("http://"+t.pprof+"/debug/pprof/goroutine?debug=1", filepath.Join(f.profile, "goroutines-memory.txt")); err != nil {
-					fmt.Fprintln(os.Stderr, "peerbench: goroutine profile:", err)
-				}
+		l.OnEnd = func() { close(stop); <-sampled }
+		if t.pprof != "" {
+			// The heap (after a collection, and the runtime's memory
+			// statistics) and the goroutines halfway through the window,
+			// with every stream in flight: where the memory per stream
+			// goes.
+			measure, profiled := l.OnMeasure, make(chan struct{})
+			l.OnMeasure = func() {
+				measure()
+				go func() {
+					defer close(profiled)
+					time.Sleep(f.memDuration / 2)
+					for _, p := range [][2]string{
+						{"heap?gc=1", "heap-memory.pprof"},
+						{"heap?debug=1", "heap-memory.txt"},
+						{"goroutine?debug=1", "goroutines-memory.txt"},
+					} {
+						if err := fetch("http://"+t.pprof+"/debug/pprof/"+p[0], filepath.Join(f.profile, p[1])); err != nil {
+							fmt.Fprintln(os.Stderr, "peerbench: memory profile:", err)
+						}
+					}
+				}()
 			}
+			end := l.OnEnd
+			l.OnEnd = func() { end(); <-profiled }
 		}
 		row.res = l.run()
 		rows = append(rows, row)
