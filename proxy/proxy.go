@@ -213,9 +213,28 @@ type reqState struct {
 	upstreamSent atomic.Int64
 	finished     bool
 	body         *idleBody // the client's body under BodyReadTimeout, or nil
+	// cut ends the upstream request's context (with a cause); cancel, if
+	// not nil, releases the request timeout's.
+	cut    context.CancelCauseFunc
+	cancel context.CancelFunc
 }
 
 // ServeHTTP proxies one request.
+//
+// Design note: the set-up of a request (prepare, begin) and its end run
+// on a goroutine of their own (onOwnStack), not on the connection's. A
+// goroutine's stack doubles when a call goes deeper than it holds, and
+// the garbage collector halves it again only when less than a quarter is
+// in use. The set-up and the end go deep (encoding/json reading the body,
+// the OTel SDK starting and ending spans: past 8 KiB with the handler's
+// frames under them), while a stream, for its whole life, keeps 5-6 KiB
+// of the connection goroutine's stack in use (net/http's server loop,
+// ReverseProxy's copy loop, the tap, the upstream read). Run on that
+// goroutine, the deep calls left every stream in flight, and every
+// keep-alive connection after its first request, with a 16 KiB stack
+// that never shrank; run apart, the connection's stack stays at 8 KiB.
+// The cost is two goroutine starts per request. TestStackPerStream (app)
+// holds the bound; docs/performance.md has the memory per stream.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.opts.ProbeHeader != "" {
 		if v := r.Header.Get(ProbeHeaderName); v != "" {
@@ -226,6 +245,43 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	var (
+		st  *reqState
+		out *http.Request
+	)
+	onOwnStack(func() {
+		var start pipeline.Start
+		if st, start = p.prepare(w, r); st != nil {
+			out = p.begin(st, r, &start)
+		}
+	})
+	if st == nil {
+		return // answered already: the client's body broke
+	}
+	defer onOwnStack(func() { p.end(st) }) // also when ReverseProxy panics with http.ErrAbortHandler
+	p.rp.ServeHTTP(w, out)
+}
+
+// onOwnStack runs fn on a new goroutine and waits for it; a panic in fn
+// is raised again in the caller. See ServeHTTP's design note.
+func onOwnStack(fn func()) {
+	var caught any
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { caught = recover() }()
+		fn()
+	}()
+	<-done
+	if caught != nil {
+		panic(caught)
+	}
+}
+
+// prepare reads what the proxy needs of a request's body, injects the
+// usage request, and makes the record and the pipeline's start. A nil
+// state means it answered the client itself.
+func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipeline.Start) {
 	arrive := p.clock.Now()
 	api := classify(r, p.engineKind())
 	info := requestInfo{API: api}
@@ -257,7 +313,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, "tokentap: reading request body: "+err.Error(), status)
 			}
 			q.End(rec, nil)
-			return
+			return nil, pipeline.Start{}
 		}
 		info, r.Body = in, body
 		// The engine is asked for an uncompressed answer when usage is
@@ -295,36 +351,52 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.opts.Pipeline.Capturing() {
 		start.Body = whole
 	}
-	ctx, obs := p.opts.Pipeline.Begin(r.Context(), rec, start)
-	st.obs = obs
 	if rewritten != nil {
 		st.injected = true
 		rec.UsageInjected = true
-		st.obs.UsageInjected()
 		r.Body = io.NopCloser(bytes.NewReader(rewritten))
 		r.ContentLength = int64(len(rewritten))
 		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
 		r.Header.Set("Accept-Encoding", "identity") // so that the engine answers uncompressed
 	}
+	return st, start
+}
 
+// begin starts the request's pipeline and its contexts, and returns the
+// request to forward.
+func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *http.Request {
+	ctx, obs := p.opts.Pipeline.Begin(r.Context(), st.rec, *start)
+	st.obs = obs
+	if st.injected {
+		st.obs.UsageInjected()
+	}
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	if p.opts.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.opts.Timeout)
-		defer cancel()
+		ctx, st.cancel = context.WithTimeout(ctx, p.opts.Timeout)
 	}
+	arrive := st.rec.Arrive
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) {
 			st.upstreamSent.Store(int64(p.clock.Now().Sub(arrive)))
 		},
 	})
-	ctx, cut := context.WithCancelCause(ctx)
-	defer cut(nil)
+	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx
-	p.inflight.add(st, cut)
+	p.inflight.add(st, st.cut)
+	return r.WithContext(ctx)
+}
+
+// end releases what begin set up, in this order: the request's end
+// (finish), its place among those in flight, its contexts.
+func (p *Proxy) end(st *reqState) {
+	defer func() {
+		st.cut(nil)
+		if st.cancel != nil {
+			st.cancel()
+		}
+	}()
 	defer p.inflight.remove(st)
-	defer p.finish(st) // also runs when ReverseProxy panics with http.ErrAbortHandler
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	p.finish(st)
 }
 
 func (p *Proxy) nextID() string {

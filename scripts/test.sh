@@ -15,6 +15,9 @@
 #   build        a CGO_ENABLED=0 build of ./cmd/sidecar
 #   test         `go test -race -count=1 ./...` with CI=true, so an integration
 #                test whose tool is missing fails instead of skipping
+#   stacks       the goroutine stack a stream adds to the sidecar
+#                (TestStackPerStream), without -race, whose instrumentation
+#                deepens every stack
 #   deploy       tools/deploycheck, its own module: tidy, vet, then its tests:
 #                the Kubernetes manifests and the Helm chart (helm lint, helm
 #                template decoded strictly into k8s.io/api types), the compose
@@ -96,6 +99,9 @@ CGO_ENABLED=0 go build -o "${TMPDIR:-/tmp}/tokentap-sidecar-static" ./cmd/sideca
 
 step "test" "(CI=true go test -race -count=1 ./...)"
 go test -race -count=1 ./...
+
+step "stacks" "(go test -count=1 -run '^TestStackPerStream\$' ./app)"
+go test -count=1 -run '^TestStackPerStream$' -v ./app
 
 step "deploy" "(tools/deploycheck: tidy, vet, go test -count=1 ./...)"
 (
