@@ -81,3 +81,15 @@ func (c *limitConn) Close() error {
 	c.once.Do(c.release)
 	return err
 }
+
+// CloseWrite half-closes the connection when the wrapped one can (a TCP
+// connection can). net/http's server looks for it before closing a
+// connection whose request body it did not read, so that the client gets
+// the response and a FIN rather than a reset; without it the wrapper
+// hid the method. It returns nil for a connection that cannot.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
