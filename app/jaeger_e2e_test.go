@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -25,37 +24,11 @@ func startJaeger(t *testing.T) (otlp, query, otlpGRPC string) {
 	bin := testtool.Need(t, "jaeger")
 	dir := t.TempDir()
 	otlp, otlpGRPC, query, queryGRPC := freePort(t), freePort(t), freePort(t), freePort(t)
-	_ = otlpGRPC
 	cfg := filepath.Join(dir, "jaeger.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`
-service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: none
-extensions:
-  jaeger_query:
-    storage: {traces: mem}
-    http: {endpoint: "%s"}
-    grpc: {endpoint: "%s"}
-  jaeger_storage:
-    backends:
-      mem: {memory: {max_traces: 10000}}
-receivers:
-  otlp:
-    protocols:
-      http: {endpoint: "%s"}
-      grpc: {endpoint: "%s"}
-processors:
-  batch: {timeout: 100ms}
-exporters:
-  jaeger_storage_exporter: {trace_storage: mem}
-`, query, queryGRPC, otlp, otlpGRPC)), 0o644)
+	j := testtool.Jaeger{OTLPHTTP: otlp, OTLPGRPC: otlpGRPC, QueryHTTP: query, QueryGRPC: queryGRPC}
+	if err := os.WriteFile(cfg, []byte(j.Config()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	testtool.Start(t, "jaeger", bin, "--config", cfg)
 	waitUntil(t, "Jaeger's query API", 60*time.Second, func() bool {
 		resp, err := http.Get("http://" + query + "/api/services")

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/tokentap/tokentap/internal/testtool"
 )
 
 // target is one path the client can take to the upstream.
@@ -222,35 +224,10 @@ func installed(names map[string]bool) (out []peer, missing []string) {
 	return out, missing
 }
 
-// jaegerConf is a Jaeger v2 with memory storage and its OTLP/HTTP
-// receiver (as app/jaeger_e2e_test.go runs it).
+// jaegerConf is a Jaeger v2 with memory storage and its OTLP receiver
+// (the configuration the tests run it with, internal/testtool.Jaeger).
 func jaegerConf(otlp, otlpGRPC, query, queryGRPC int) string {
-	return fmt.Sprintf(`service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: none
-extensions:
-  jaeger_query:
-    storage: {traces: mem}
-    http: {endpoint: "127.0.0.1:%d"}
-    grpc: {endpoint: "127.0.0.1:%d"}
-  jaeger_storage:
-    backends:
-      mem: {memory: {max_traces: 20000}}
-receivers:
-  otlp:
-    protocols:
-      http: {endpoint: "127.0.0.1:%d"}
-      grpc: {endpoint: "127.0.0.1:%d"}
-processors:
-  batch: {timeout: 1s}
-exporters:
-  jaeger_storage_exporter: {trace_storage: mem}
-`, query, queryGRPC, otlp, otlpGRPC)
+	addr := func(port int) string { return "127.0.0.1:" + itoa(port) }
+	return testtool.Jaeger{OTLPHTTP: addr(otlp), OTLPGRPC: addr(otlpGRPC), QueryHTTP: addr(query), QueryGRPC: addr(queryGRPC),
+		MaxTraces: 20000, Batch: time.Second}.Config()
 }
