@@ -80,15 +80,12 @@ func TestOpenLoopScheduleWithStallingUpstream(t *testing.T) {
 		cfg := Config{Probes: []Def{{Name: "p", Interval: time.Second, MaxConcurrent: 2, Timeout: 9500 * time.Millisecond}}}.WithDefaults("m")
 		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{stall}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}}), Registry: reg})
 		start := time.Now()
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { p.Run(ctx); close(done) }()
 		// Scheduled at 0, 1, …, 10 s. 0 and 1 are sent and stall until their
 		// 9.5 s timeouts (9.5 s and 10.5 s); 2…9 find the cap of 2 reached:
 		// not_sent. At 10 s one slot is free again: 10 is sent.
-		time.Sleep(10700 * time.Millisecond)
-		cancel() // 10 is cancelled; the instant due at 11 s is not_sent (shutdown)
-		<-done
+		// Stopped at 10.7 s: 10 is cancelled; the instant due at 11 s is
+		// not_sent (shutdown).
+		runFor(p, 10700*time.Millisecond)
 
 		get := func(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
 		if got := get(p.scheduled.WithLabelValues("p")); got != 12 {
@@ -212,12 +209,7 @@ func TestFastWrongAnswerFails(t *testing.T) {
 		u, _ := url.Parse("http://engine.invalid")
 		cfg := Config{Probes: []Def{{Name: "capital", Interval: time.Second, Expect: Expect{Contains: "Paris"}}}}.WithDefaults("m")
 		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{wrong}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}}), Registry: reg})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { p.Run(ctx); close(done) }()
-		time.Sleep(2500 * time.Millisecond) // probes at 0, 1, 2 s
-		cancel()
-		<-done
+		runFor(p, 2500*time.Millisecond) // probes at 0, 1, 2 s
 		if got := testutil.ToFloat64(p.quality.WithLabelValues("capital", CheckContains)); got != 3 {
 			t.Fatalf("quality failures %v, want 3", got)
 		}
@@ -273,12 +265,7 @@ func TestProbeOnEveryAPI(t *testing.T) {
 				u, _ := url.Parse("http://engine.invalid")
 				cfg := Config{Probes: []Def{{Name: "p", API: api, Interval: time.Second, Expect: Expect{Contains: "Paris"}}}}.WithDefaults("m")
 				p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{h}, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}})})
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { p.Run(ctx); close(done) }()
-				time.Sleep(500 * time.Millisecond)
-				cancel()
-				<-done
+				runFor(p, 500*time.Millisecond)
 				recs.mu.Lock()
 				defer recs.mu.Unlock()
 				r := recs.recs[0]
@@ -311,12 +298,7 @@ func TestProbeToAHostedAPI(t *testing.T) {
 		cfg := Config{Probes: []Def{{Name: "hosted", URL: "https://api.example.test/base", APIKeyEnv: "KEY", Interval: time.Second}}}.WithDefaults("m")
 		p := New(Options{Config: cfg, Upstream: u, Transport: handlerTransport{h}, Getenv: func(string) string { return "sk-test" },
 			Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&recs}})})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { p.Run(ctx); close(done) }()
-		time.Sleep(500 * time.Millisecond)
-		cancel()
-		<-done
+		runFor(p, 500*time.Millisecond)
 		recs.mu.Lock()
 		defer recs.mu.Unlock()
 		if host != "api.example.test" || path != "/base/v1/chat/completions" || auth != "Bearer sk-test" || recs.recs[0].Probe.Result != ResultSuccess {
@@ -327,4 +309,15 @@ func TestProbeToAHostedAPI(t *testing.T) {
 	if len(bad) != 1 || strings.Contains(bad[0].Error(), "pw") {
 		t.Fatalf("a URL with credentials: %v", bad)
 	}
+}
+
+// runFor runs the prober for d (of the bubble's fake time, under
+// synctest), then stops it and waits until Run returns.
+func runFor(p *Prober, d time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	time.Sleep(d)
+	cancel()
+	<-done
 }
