@@ -109,8 +109,7 @@ func ParseOpenAI(data []byte, c *Chunk) {
 	// One pass over the payload (walkObject): the members read here are
 	// walked in place, not skipped first and scanned again.
 	ok := len(d) > 0 && d[0] == '{' && walkObject(d, 0, func(k []byte, v int) int {
-		switch string(k) {
-		case "choices":
+		if string(k) == "choices" {
 			c.Choices = 0
 			if d[v] != '[' {
 				return skipValue(d, v)
@@ -119,56 +118,46 @@ func ParseOpenAI(data []byte, c *Chunk) {
 				c.Choices++
 				return parseChoiceAt(d, e, c)
 			})
-		case "id", "model", "object", "type", "error_type", "code", "stop":
-			e := skipValue(d, v)
-			if e < 0 {
-				return e
-			}
-			val := d[v:e]
-			switch string(k) {
-			case "id":
-				c.ID, _ = strVal(val)
-			case "model":
-				c.Model, _ = strVal(val)
-			case "object":
-				if s, _ := strVal(val); string(s) == "error" {
-					objectError = true
-				}
-			case "type": // {"object":"error","type":...} or TGI's error_type
-				if objectError || c.Error {
-					if s, ok := strVal(val); ok && c.ErrorType == nil {
-						c.ErrorType = s
-					}
-				}
-			case "error_type":
-				if s, ok := strVal(val); ok {
-					c.ErrorType = s
-				}
-			case "code":
-				if n, ok := intVal(val); ok && c.ErrorCode == 0 {
-					c.ErrorCode = n
-				}
-			case "stop": // llama.cpp native: a boolean "stop" on every payload
-				native = val[0] == 't' || val[0] == 'f'
-			}
-			return e
-		case "error", "usage", "timings":
-			e := skipValue(d, v)
-			if e < 0 {
-				return e
-			}
-			switch string(k) {
-			case "error":
-				c.Error = true
-				parseError(d[v:e], c)
-			case "usage":
-				parseUsage(d[v:e], c)
-			case "timings": // llama.cpp, on the last chunk
-				parseLlamaTimings(d[v:e], c)
-			}
+		}
+		e := skipValue(d, v)
+		if e < 0 {
 			return e
 		}
-		return skipValue(d, v)
+		val := d[v:e]
+		switch string(k) {
+		case "id":
+			c.ID, _ = strVal(val)
+		case "model":
+			c.Model, _ = strVal(val)
+		case "object":
+			if s, _ := strVal(val); string(s) == "error" {
+				objectError = true
+			}
+		case "type": // {"object":"error","type":...} or TGI's error_type
+			if objectError || c.Error {
+				if s, ok := strVal(val); ok && c.ErrorType == nil {
+					c.ErrorType = s
+				}
+			}
+		case "error_type":
+			if s, ok := strVal(val); ok {
+				c.ErrorType = s
+			}
+		case "code":
+			if n, ok := intVal(val); ok && c.ErrorCode == 0 {
+				c.ErrorCode = n
+			}
+		case "stop": // llama.cpp native: a boolean "stop" on every payload
+			native = val[0] == 't' || val[0] == 'f'
+		case "error":
+			c.Error = true
+			parseError(val, c)
+		case "usage":
+			parseUsage(val, c)
+		case "timings": // llama.cpp, on the last chunk
+			parseLlamaTimings(val, c)
+		}
+		return e
 	}) == len(d)
 	if !ok {
 		*c = Chunk{Malformed: true, Choices: -1}
@@ -229,16 +218,16 @@ func parseChoiceAt(b []byte, i int, c *Chunk) int {
 			}
 			return walkObject(b, v, func(k []byte, v int) int {
 				switch string(k) {
-				case "content", "reasoning_content", "reasoning":
+				case "content":
 					e := skipValue(b, v)
-					if e >= 0 {
-						if s, ok := strVal(b[v:e]); ok && len(s) > 0 {
-							if string(k) == "content" {
-								c.Output = true
-							} else {
-								c.Reasoning = true
-							}
-						}
+					if e >= 0 && nonEmptyStr(b[v:e]) {
+						c.Output = true
+					}
+					return e
+				case "reasoning_content", "reasoning":
+					e := skipValue(b, v)
+					if e >= 0 && nonEmptyStr(b[v:e]) {
+						c.Reasoning = true
 					}
 					return e
 				case "tool_calls":
@@ -254,15 +243,17 @@ func parseChoiceAt(b []byte, i int, c *Chunk) int {
 				}
 				return skipValue(b, v)
 			})
-		case "text", "finish_reason": // text: legacy Completions
+		case "text": // legacy Completions
+			e := skipValue(b, v)
+			if e >= 0 && nonEmptyStr(b[v:e]) {
+				c.Output = true
+			}
+			return e
+		case "finish_reason":
 			e := skipValue(b, v)
 			if e >= 0 {
 				if s, ok := strVal(b[v:e]); ok {
-					if string(k) == "finish_reason" {
-						c.FinishReason = s
-					} else if len(s) > 0 {
-						c.Output = true
-					}
+					c.FinishReason = s
 				}
 			}
 			return e
