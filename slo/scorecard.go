@@ -32,7 +32,8 @@ var DocsURL = "https://github.com/tokentap/tokentap/blob/main/docs/cost.md"
 // goodput, no price declared, no energy measured).
 type Card struct {
 	// SpanSeconds is the time the figures cover: the span of the SLO's
-	// row (from the first request counted to now).
+	// row (from the first request counted to now). The rates and the
+	// cost divide by it floored at 1 s (rateSpan), as the row's rates do.
 	SpanSeconds float64 `json:"span_seconds"`
 	// The declared prices (config cost section); null when not declared.
 	Currency          string   `json:"currency,omitempty"`
@@ -151,15 +152,13 @@ func (sc *Scorecard) card(i int, now time.Time, st *Status) *Card {
 	t := sc.windows[i].totals(now)
 	c := &Card{SpanSeconds: st.SpanSeconds, Energy: "off", Target: st.Target, Attainment: st.Attainment,
 		AttainmentLower95: st.AttainmentLower95, AttainmentUpper95: st.AttainmentUpper95, Verdict: st.Verdict}
-	span := st.SpanSeconds
-	if span <= 0 {
-		span = t.span.Seconds()
-		c.SpanSeconds = span
+	if c.SpanSeconds <= 0 {
+		c.SpanSeconds = t.span.Seconds()
 	}
-	if span > 0 {
-		c.GoodputTokensRate = float64(t.goodTokens) / span
-		c.OutputTokensRate = float64(t.liveTokens) / span
-	}
+	// The rates and the cost divide by the span floored as the row's are.
+	span := rateSpan(c.SpanSeconds)
+	c.GoodputTokensRate = float64(t.goodTokens) / span
+	c.OutputTokensRate = float64(t.liveTokens) / span
 	per := func(num, den float64) *float64 {
 		if den <= 0 {
 			return nil
@@ -401,7 +400,7 @@ func (k kneeCollector) Collect(ch chan<- prometheus.Metric) {
 	now := sc.book.clock()
 	for i, o := range sc.book.cfg.Objectives {
 		t := sc.windows[i].totals(now)
-		knee := EstimateKnee(Curve(sc.buckets, t.offered, t.qualified, t.good, t.span.Seconds(), o.Target))
+		knee := EstimateKnee(Curve(sc.buckets, t.offered, t.qualified, t.good, rateSpan(t.span.Seconds()), o.Target))
 		if knee.State != KneeEstimate {
 			continue
 		}

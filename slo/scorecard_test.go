@@ -98,6 +98,40 @@ func TestScorecardFigures(t *testing.T) {
 	}
 }
 
+// The scorecard divides by the span its row divides by, floored at 1 s:
+// 3 requests of 4 tokens in 2.6 ms at 7.5 EUR/h read on the row 12
+// tok/s, and so on the card (not 12 / 0.0026 = 4,615 tok/s), and cost
+// 7.5 / 3600 EUR ÷ 12 tokens × 10⁶ = 173.61 EUR per 1M (not 0.45).
+func TestScorecardSpanFloor(t *testing.T) {
+	book, sc, now := scored(config.Cost{Currency: "EUR", PerHour: 7.5}, false, nil)
+	j := NewJudge(book.cfg)
+	t0 := *now
+	for i := range 3 {
+		*now = t0.Add(time.Duration(i) * 1300 * time.Microsecond)
+		r := rec(record.Success, 4, 100, 140, 180, 220)
+		r.Load, r.LoadBucket = 1, "2"
+		judged(j, r)
+		book.Add(r)
+		sc.Add(r)
+	}
+	p := sc.Page(*now)
+	row, c := p.SLOs[0], p.SLOs[0].Scorecard
+	if row.SpanSeconds != 0.0026 || c.SpanSeconds != row.SpanSeconds {
+		t.Fatalf("span: row %v, card %v; want the raw 0.0026 s on both", row.SpanSeconds, c.SpanSeconds)
+	}
+	if row.GoodputTokensRate != 12 || c.GoodputTokensRate != 12 || c.OutputTokensRate != 12 {
+		t.Errorf("tok/s: row %v, card goodput %v, output %v; want 12 each", row.GoodputTokensRate, c.GoodputTokensRate, c.OutputTokensRate)
+	}
+	for name, got := range map[string]*float64{"goodput": c.CostPerMillionGoodputTokens, "output": c.CostPerMillionOutputTokens} {
+		if got == nil || math.Round(*got*100)/100 != 173.61 {
+			t.Errorf("EUR per 1M %s tokens: %v, want 173.61", name, deref(got))
+		}
+	}
+	if len(c.Curve) != 1 || c.Curve[0].GoodputTokensRate != 12 {
+		t.Errorf("curve %+v, want one bucket at 12 goodput tok/s", c.Curve)
+	}
+}
+
 func deref(f *float64) any {
 	if f == nil {
 		return nil
