@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -12,8 +14,8 @@ import (
 // measures hosted LLM APIs from the client's side (docs/egress.md).
 // Requests to the hosts on Intercept are decrypted with a certificate
 // minted from a local CA and pass through the same tap, record, SLO,
-// metrics and spans as the reverse proxy; every other CONNECT is a blind
-// tunnel.
+// metrics and spans as the reverse proxy; a CONNECT to a host:port on
+// TunnelAllow is a blind tunnel; every other destination is refused.
 //
 // The zero value is not the default; start from EgressDefaults (Defaults
 // does).
@@ -38,9 +40,33 @@ type Egress struct {
 	// not, and removes it from the client's stream (as the reverse
 	// proxy's inject_usage does). Default true.
 	InjectUsage bool `yaml:"inject_usage"`
-	// Tunnel passes CONNECTs to hosts not on Intercept through as blind
-	// tunnels (default true); false refuses them.
+	// Tunnel passes CONNECTs (and plain-HTTP forward requests) to the
+	// destinations on TunnelAllow through, blind (default true); false
+	// refuses every destination not on Intercept, TunnelAllow or not.
 	Tunnel bool `yaml:"tunnel"`
+	// TunnelAllow is the allow-list of destinations tunnelled blind (or,
+	// for plain-HTTP forward requests, forwarded untouched): "host",
+	// "host:port", "*.example.com", "*.example.com:port", an IP address
+	// ("10.0.0.7", "10.0.0.7:8443", "[fd00::7]:443"). An entry without a
+	// port allows port 443 only. Empty (the default): nothing but the
+	// intercepted hosts is reachable through the proxy.
+	TunnelAllow []string `yaml:"tunnel_allow"`
+	// InternalAllow names the destinations that may resolve to an
+	// internal address: loopback, link-local (cloud metadata among
+	// them), private (RFC 1918, fc00::/7), carrier-grade NAT
+	// (100.64.0.0/10), unspecified, multicast or reserved. Host names,
+	// "*.example.com" or IP addresses, no port; matched on the name the
+	// client asked for. A destination must still be on Intercept or
+	// TunnelAllow; the sidecar's own listeners are refused whatever this
+	// says. Empty (the default): every internal address is refused.
+	InternalAllow []string `yaml:"internal_allow"`
+	// AuthFile turns on proxy authentication: a client must send
+	// Proxy-Authorization: Basic with credentials from this file, one
+	// per line, "user:password", or a token alone (a line without ':',
+	// accepted as the password with any user name); blank lines and
+	// lines starting with '#' are skipped. Read at start. Empty (the
+	// default): no authentication.
+	AuthFile string `yaml:"auth_file"`
 	// HTTP2 offers HTTP/2 (ALPN h2) to clients inside intercepted
 	// tunnels, beside HTTP/1.1. Default true.
 	HTTP2 bool `yaml:"http2"`
@@ -106,6 +132,9 @@ func (c *Egress) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.CAKey, "egress-ca-key", c.CAKey, "egress: CA private key (PEM, mode 0600)")
 	fs.Var(hostList{&c.Intercept}, "egress-intercept", "egress: comma-separated hosts to decrypt and measure (*.example.com for subdomains); others are tunnelled blind")
 	fs.BoolVar(&c.InjectUsage, "egress-inject-usage", c.InjectUsage, "egress: ask OpenAI-style streams for usage and strip it from the client's stream")
+	fs.Var(hostList{&c.TunnelAllow}, "egress-tunnel-allow", "egress: comma-separated destinations tunnelled blind: host, host:port, *.example.com[:port], IP[:port] (no port = 443); others are refused")
+	fs.Var(hostList{&c.InternalAllow}, "egress-internal-allow", "egress: comma-separated hosts (or IPs) that may resolve to loopback, link-local or private addresses")
+	fs.StringVar(&c.AuthFile, "egress-auth-file", c.AuthFile, "egress: file of proxy credentials (user:password or token lines); clients must send Proxy-Authorization (empty: no authentication)")
 }
 
 // Validate returns one error per problem, naming the field.
@@ -131,6 +160,16 @@ func (c Egress) Validate() []error {
 			bad("egress.intercept: %q is listed twice", h)
 		}
 		seen[k] = true
+	}
+	for _, e := range c.TunnelAllow {
+		if _, _, err := SplitTunnelEntry(e); err != nil {
+			bad("egress.tunnel_allow: %v", err)
+		}
+	}
+	for _, e := range c.InternalAllow {
+		if err := ValidInternalEntry(e); err != nil {
+			bad("egress.internal_allow: %v", err)
+		}
 	}
 	if (c.CACert == "") != (c.CAKey == "") {
 		bad("egress.ca_cert and egress.ca_key: give both or neither (got %q and %q)", c.CACert, c.CAKey)
@@ -171,6 +210,42 @@ func ValidInterceptHost(h string) error {
 	}
 	if strings.HasPrefix(h, "*.") && len(labels) < 2 {
 		return fmt.Errorf("%q: a wildcard needs a domain with at least two labels", h)
+	}
+	return nil
+}
+
+// SplitTunnelEntry splits one tunnel_allow entry into its host pattern
+// (a host name, "*.domain" or an IP address, as ValidInternalEntry
+// accepts) and its port ("443" when the entry has none).
+func SplitTunnelEntry(e string) (host, port string, err error) {
+	host, port = e, "443"
+	if _, perr := netip.ParseAddr(e); perr != nil { // a bare IPv6 address has colons and no port
+		if h, p, serr := net.SplitHostPort(e); serr == nil {
+			host, port = h, p
+		} else if strings.Contains(e, ":") {
+			return "", "", fmt.Errorf("%q is not host, host:port or an IP address", e)
+		}
+	}
+	if n, perr := strconv.Atoi(port); perr != nil || n < 1 || n > 65535 || port[0] == '0' || port[0] == '+' {
+		return "", "", fmt.Errorf("%q: the port must be 1 to 65535", e)
+	}
+	if err := ValidInternalEntry(host); err != nil {
+		return "", "", err
+	}
+	return host, port, nil
+}
+
+// ValidInternalEntry checks one internal_allow entry: an IP address, or
+// a host name as ValidInterceptHost accepts it.
+func ValidInternalEntry(e string) error {
+	if a, err := netip.ParseAddr(e); err == nil {
+		if a.Zone() != "" {
+			return fmt.Errorf("%q: an address with a zone is not allowed", e)
+		}
+		return nil
+	}
+	if err := ValidInterceptHost(e); err != nil {
+		return fmt.Errorf("%q is not a host name, \"*.domain\" or an IP address", e)
 	}
 	return nil
 }

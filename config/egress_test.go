@@ -100,3 +100,70 @@ func TestEgressValidate(t *testing.T) {
 		t.Errorf("an empty list with a listen address: %v", errs)
 	}
 }
+
+// The allow-lists and the auth file: from the file and the flags; every
+// bad entry named.
+func TestEgressAllowListsAndAuth(t *testing.T) {
+	c, err := Load([]string{"--egress-tunnel-allow", "github.com, *.pypi.org:8443", "--egress-internal-allow", "llm.internal,10.0.0.7",
+		"--egress-auth-file", "/run/secrets/proxy"}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := c.Egress
+	if !slices.Equal(e.TunnelAllow, []string{"github.com", "*.pypi.org:8443"}) || !slices.Equal(e.InternalAllow, []string{"llm.internal", "10.0.0.7"}) ||
+		e.AuthFile != "/run/secrets/proxy" {
+		t.Fatalf("flags gave %+v", e)
+	}
+	if d := EgressDefaults(); len(d.TunnelAllow) != 0 || len(d.InternalAllow) != 0 || d.AuthFile != "" {
+		t.Fatalf("defaults are not closed: %+v", d)
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(f, []byte("egress:\n  tunnel_allow: [\"[fd00::7]:443\", \"::1\", 10.1.2.3:80]\n  internal_allow: [\"*.svc.cluster.local\"]\n  auth_file: /a\n"), 0o644)
+	c, err = Load([]string{"--config", f}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := c.Egress; !slices.Equal(e.TunnelAllow, []string{"[fd00::7]:443", "::1", "10.1.2.3:80"}) ||
+		!slices.Equal(e.InternalAllow, []string{"*.svc.cluster.local"}) || e.AuthFile != "/a" {
+		t.Fatalf("file gave %+v", e)
+	}
+
+	for _, tc := range []struct{ in, host, port string }{
+		{"github.com", "github.com", "443"}, {"github.com:22", "github.com", "22"}, {"*.pypi.org:8443", "*.pypi.org", "8443"},
+		{"10.0.0.1", "10.0.0.1", "443"}, {"10.0.0.1:80", "10.0.0.1", "80"}, {"::1", "::1", "443"}, {"[fd00::1]:8443", "fd00::1", "8443"},
+	} {
+		if h, p, err := SplitTunnelEntry(tc.in); err != nil || h != tc.host || p != tc.port {
+			t.Errorf("SplitTunnelEntry(%q) = %q, %q, %v; want %q, %q", tc.in, h, p, err, tc.host, tc.port)
+		}
+	}
+
+	bad := EgressDefaults()
+	bad.TunnelAllow = []string{"ok.test", "a.test:0", "a.test:99999", "a.test:http", "https://a.test", "[::1]", "*", "a.test:443:1", "fe80::1%eth0"}
+	bad.InternalAllow = []string{"ok.test", "10.0.0.0/8", "a.test:80", "*"}
+	var got []string
+	for _, e := range bad.Validate() {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		`egress.tunnel_allow: "a.test:0": the port must be 1 to 65535`,
+		`egress.tunnel_allow: "a.test:99999": the port must be 1 to 65535`,
+		`egress.tunnel_allow: "a.test:http": the port must be 1 to 65535`,
+		`egress.tunnel_allow: "https://a.test"`,
+		`egress.tunnel_allow: "[::1]" is not host, host:port or an IP address`,
+		`egress.tunnel_allow: "*" is not a host name`,
+		`egress.tunnel_allow: "a.test:443:1" is not host, host:port or an IP address`,
+		`egress.tunnel_allow: "fe80::1%eth0": an address with a zone is not allowed`,
+		`egress.internal_allow: "10.0.0.0/8" is not a host name`,
+		`egress.internal_allow: "a.test:80" is not a host name`,
+		`egress.internal_allow: "*" is not a host name`,
+	}
+	all := strings.Join(got, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("no error says %q; got:\n%s", w, all)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d errors, want %d:\n%s", len(got), len(want), all)
+	}
+}
