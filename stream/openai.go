@@ -22,8 +22,9 @@ type Chunk struct {
 	Error     bool
 	ErrorType []byte // error.type, error.code as a string, or the error string
 	ErrorCode int64  // error.code or error.http_status_code, when numeric
-	// Output is set when some choice carries user-visible content or
-	// tool-call arguments; Reasoning when some choice carries reasoning.
+	// Output is set when some choice carries user-visible content (a
+	// refusal included) or tool-call arguments; Reasoning when some
+	// choice carries reasoning.
 	// Role-only and empty-content deltas set neither.
 	Output, Reasoning bool
 	// Tokens is the number of tokens this event carries when the payload
@@ -33,6 +34,14 @@ type Chunk struct {
 	TokensFrom TokenSource
 	// Choices is the number of elements of "choices" (-1 when absent).
 	Choices int
+	// Index is the "index" member of the first element of "choices": the
+	// choice (of n) the payload carries; 0 (its position) when absent or
+	// not an integer. ChoicesData is the "choices" array itself when it
+	// has more than one element, for EachChoice to read them one by one;
+	// nil otherwise. Output, Reasoning, Tokens and FinishReason above
+	// pool every choice of the payload.
+	Index       int64
+	ChoicesData []byte
 	// Usage is set when the output token count is given
 	// (CompletionTokens: usage.completion_tokens, Ollama's eval_count,
 	// ...); HasPrompt when the input count is (PromptTokens).
@@ -114,10 +123,14 @@ func ParseOpenAI(data []byte, c *Chunk) {
 			if d[v] != '[' {
 				return skipValue(d, v)
 			}
-			return walkArray(d, v, func(e int) int {
+			e := walkArray(d, v, func(e int) int {
 				c.Choices++
 				return parseChoiceAt(d, e, c)
 			})
+			if c.Choices > 1 && e >= 0 {
+				c.ChoicesData = d[v:e]
+			}
+			return e
 		}
 		e := skipValue(d, v)
 		if e < 0 {
@@ -203,22 +216,56 @@ func parseError(v []byte, c *Chunk) {
 	})
 }
 
+// EachChoice calls fn once for each element of a "choices" array (a
+// Chunk's ChoicesData) that is an object, with that choice alone parsed
+// into c: Choices 1, its Index (its position in the array when it has no
+// integer "index"), Output, Reasoning, Tokens, TokensFrom and
+// FinishReason; the rest of c is zero. c is overwritten for each element.
+// It never allocates.
+func EachChoice(choices []byte, c *Chunk, fn func(c *Chunk)) {
+	if len(choices) == 0 || choices[0] != '[' {
+		return
+	}
+	pos := int64(0)
+	walkArray(choices, 0, func(e int) int {
+		*c = Chunk{Choices: 1, Index: pos}
+		pos++
+		end := parseChoiceAt(choices, e, c)
+		if end >= 0 && choices[e] == '{' {
+			fn(c)
+		}
+		return end
+	})
+}
+
 // parseChoiceAt reads the choice at b[i] into c and returns the index
 // just after it (-1: malformed). A choice that is not an object is
-// skipped.
+// skipped. The choice's "index" is read into c.Index for the first
+// choice of the payload only (c.Choices == 1).
 func parseChoiceAt(b []byte, i int, c *Chunk) int {
 	if b[i] != '{' {
 		return skipValue(b, i)
 	}
 	return walkObject(b, i, func(k []byte, v int) int {
 		switch string(k) {
+		case "index":
+			e := skipValue(b, v)
+			if e >= 0 && c.Choices == 1 {
+				if n, ok := intVal(b[v:e]); ok {
+					c.Index = n
+				}
+			}
+			return e
 		case "delta", "message":
 			if b[v] != '{' {
 				return skipValue(b, v)
 			}
 			return walkObject(b, v, func(k []byte, v int) int {
 				switch string(k) {
-				case "content":
+				// A refusal is the model's answer, streamed as text
+				// in its own member (OpenAI's structured outputs): output,
+				// as Responses' response.refusal.delta is.
+				case "content", "refusal":
 					e := skipValue(b, v)
 					if e >= 0 && nonEmptyStr(b[v:e]) {
 						c.Output = true

@@ -25,6 +25,19 @@ func TestParseOpenAI(t *testing.T) {
 		{"reasoning (new name)", `{"choices":[{"delta":{"reasoning":"hmm"}}]}`, func(c *Chunk) bool { return c.Reasoning }},
 		{"tool call args", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a"}}]}}]}`,
 			func(c *Chunk) bool { return c.Output }},
+		{"refusal", `{"choices":[{"index":0,"delta":{"refusal":"I can't help with that."},"finish_reason":null}]}`,
+			func(c *Chunk) bool { return c.Output && c.TokenBearing() }},
+		{"empty refusal is not a token", `{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":""}}]}`,
+			func(c *Chunk) bool { return !c.TokenBearing() }},
+		{"null refusal is not a token", `{"choices":[{"delta":{"refusal":null}}]}`, func(c *Chunk) bool { return !c.TokenBearing() }},
+		{"choice index", `{"choices":[{"index":3,"delta":{"content":"a"}}]}`,
+			func(c *Chunk) bool { return c.Index == 3 && c.Choices == 1 && c.ChoicesData == nil }},
+		{"choice index absent", `{"choices":[{"delta":{"content":"a"}}]}`, func(c *Chunk) bool { return c.Index == 0 }},
+		{"choice index not an integer", `{"choices":[{"index":"2","delta":{"content":"a"}}]}`, func(c *Chunk) bool { return c.Index == 0 }},
+		{"two choices", `{"choices":[{"index":1,"delta":{"content":"a"}},{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			func(c *Chunk) bool {
+				return c.Index == 1 && c.Choices == 2 && string(c.ChoicesData) == `[{"index":1,"delta":{"content":"a"}},{"index":0,"delta":{},"finish_reason":"stop"}]`
+			}},
 		{"empty tool calls", `{"choices":[{"delta":{"tool_calls":[]}}]}`, func(c *Chunk) bool { return !c.Output }},
 		{"legacy completions", `{"object":"text_completion","choices":[{"index":0,"text":" x","finish_reason":"length"}]}`,
 			func(c *Chunk) bool { return c.Output && string(c.FinishReason) == "length" }},
@@ -70,6 +83,51 @@ func TestParseOpenAI(t *testing.T) {
 	}
 }
 
+// EachChoice reads the choices of one payload one by one: each its own
+// index (its position when it has none), output and finish reason.
+func TestEachChoice(t *testing.T) {
+	type got struct {
+		index         int64
+		output, think bool
+		tokens        int64
+		finish        string
+	}
+	cases := []struct {
+		in   string
+		want []got
+	}{
+		{`{"choices":[{"index":1,"delta":{"content":"a"},"token_ids":[4,5]},{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			[]got{{index: 1, output: true, tokens: 2}, {index: 0, finish: "stop"}}},
+		{`{"choices":[{"delta":{"reasoning_content":"a"}},7,{"delta":{"refusal":"no"},"finish_reason":"length"}]}`,
+			[]got{{index: 0, think: true}, {index: 2, output: true, finish: "length"}}},
+		{`{"choices":[{"message":{"content":"a"},"finish_reason":"stop","index":0},{"message":{"content":"b"},"finish_reason":"length","index":1}]}`,
+			[]got{{index: 0, output: true, finish: "stop"}, {index: 1, output: true, finish: "length"}}},
+	}
+	for _, tc := range cases {
+		var c, each Chunk
+		ParseOpenAI([]byte(tc.in), &c)
+		var gots []got
+		EachChoice(c.ChoicesData, &each, func(e *Chunk) {
+			gots = append(gots, got{e.Index, e.Output, e.Reasoning, e.Tokens, string(e.FinishReason)})
+		})
+		if len(gots) != len(tc.want) {
+			t.Fatalf("%s: %+v, want %+v", tc.in, gots, tc.want)
+		}
+		for i := range gots {
+			if gots[i] != tc.want[i] {
+				t.Errorf("%s: choice %d %+v, want %+v", tc.in, i, gots[i], tc.want[i])
+			}
+		}
+	}
+	var c Chunk
+	EachChoice(nil, &c, func(*Chunk) { t.Fatal("a call for no choices") })
+	data := []byte(`[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]`)
+	fn := func(*Chunk) {}
+	if n := testing.AllocsPerRun(1000, func() { EachChoice(data, &c, fn) }); n != 0 {
+		t.Fatalf("EachChoice allocates %.1f times", n)
+	}
+}
+
 func TestParseOpenAIZeroAllocs(t *testing.T) {
 	data := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":null,"finish_reason":null,"token_ids":[5]}]}`)
 	var c Chunk
@@ -94,7 +152,7 @@ func refOutput(top map[string]json.RawMessage) (choices int, hasChoices, output 
 		var d map[string]json.RawMessage
 		if json.Unmarshal(ch["delta"], &d) == nil {
 			var tc []json.RawMessage
-			if nonEmpty(d["content"]) || (json.Unmarshal(d["tool_calls"], &tc) == nil && len(tc) > 0) {
+			if nonEmpty(d["content"]) || nonEmpty(d["refusal"]) || (json.Unmarshal(d["tool_calls"], &tc) == nil && len(tc) > 0) {
 				output = true
 			}
 		}
@@ -117,6 +175,8 @@ func FuzzParseOpenAI(f *testing.F) {
 		`{"choices":[{"delta":{"content":"a"}}]}`, `[DONE]`, `{"choices":[],"usage":{"completion_tokens":3}}`,
 		`{"error":{"code":500}}`, `{"choices":[{"text":"x","logprobs":{"tokens":["x"]}}]}`, `{"a":[{"b":{}}],"c":"\"}"}`,
 		`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}`,
+		`{"choices":[{"index":0,"delta":{"refusal":"no"}}]}`,
+		`{"choices":[{"index":1,"delta":{"content":"a"}},{"index":0,"delta":{},"finish_reason":"stop"}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -148,6 +208,33 @@ func FuzzParseOpenAI(f *testing.F) {
 		}
 		if usage != nil && *usage < 1e15 && *usage > -1e15 && (!c.Usage || c.CompletionTokens != *usage) {
 			t.Fatalf("%q: completion_tokens %d (usage=%v), encoding/json says %d", data, c.CompletionTokens, c.Usage, *usage)
+		}
+		var chs []map[string]json.RawMessage
+		if json.Unmarshal(top["choices"], &chs) == nil && len(chs) > 0 {
+			var want int64
+			if raw, ok := chs[0]["index"]; ok && !bytes.ContainsAny(raw, ".eE") && json.Unmarshal(raw, &want) == nil && (want > 1e17 || want < -1e17) {
+				want = c.Index // beyond intVal's 18 digits: not read
+			}
+			if c.Index != want {
+				t.Fatalf("%q: index %d, encoding/json says %d", data, c.Index, want)
+			}
+		}
+		// Read one by one, the choices say what the payload said pooled.
+		if (c.ChoicesData != nil) != (c.Choices > 1) {
+			t.Fatalf("%q: %d choices, choices data %q", data, c.Choices, c.ChoicesData)
+		}
+		var each Chunk
+		calls, anyOutput, anyReasoning := 0, false, false
+		EachChoice(c.ChoicesData, &each, func(e *Chunk) {
+			calls++
+			anyOutput, anyReasoning = anyOutput || e.Output, anyReasoning || e.Reasoning
+		})
+		if c.ChoicesData != nil && (calls > c.Choices || anyOutput != c.Output || anyReasoning != c.Reasoning) {
+			t.Fatalf("%q: one by one %d choices, output %v reasoning %v; pooled %d, %v, %v",
+				data, calls, anyOutput, anyReasoning, c.Choices, c.Output, c.Reasoning)
+		}
+		if hasChoices && c.ChoicesData != nil && calls != n {
+			t.Fatalf("%q: %d object choices one by one, encoding/json says %d", data, calls, n)
 		}
 	})
 }
