@@ -1,6 +1,10 @@
 package exporter
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/tokentap/tokentap/internal/safe"
+)
 
 // Label values for model names that are not their own series.
 const (
@@ -20,7 +24,11 @@ const maxModelLabelBytes = 128
 //   - the engine served it: a response proved it real (Admit), up to max
 //     such names, first come.
 //
-// Every other name is "_other". A client cannot take a slot with a name
+// Every other name is "_other". A name that has its own label value is
+// written by safe.String: valid UTF-8, at most safe.MaxBytes, control
+// characters and U+2028/U+2029 escaped (a label value reaches every
+// scraper and dashboard as it is). Two names that differ only in what
+// was replaced share a series. A client cannot take a slot with a name
 // the engine rejects (a 404 for an unknown model, as vLLM, SGLang, TGI and
 // Ollama answer), and names the engine lists or the operator declares
 // never become "_other", however many others clients invent. Behind an
@@ -66,7 +74,7 @@ func (l *ModelLabels) Label(model string) string {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.known(model) {
-		return model
+		return safe.String(model, 0)
 	}
 	return ModelOther
 }
@@ -85,14 +93,13 @@ func (l *ModelLabels) Admit(model string) string {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.known(model) {
-		return model
+	if !l.known(model) {
+		if len(l.admitted) >= l.max {
+			return ModelOther
+		}
+		l.admitted[model] = struct{}{}
 	}
-	if len(l.admitted) >= l.max {
-		return ModelOther
-	}
-	l.admitted[model] = struct{}{}
-	return model
+	return safe.String(model, 0)
 }
 
 // SetListed replaces the engine's list of model names; names longer than
