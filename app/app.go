@@ -30,6 +30,7 @@ import (
 	"github.com/tokentap/tokentap/engine"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
+	"github.com/tokentap/tokentap/internal/safe"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/proxy"
@@ -172,7 +173,7 @@ func (s *Sidecar) Close() {
 func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	s := &Sidecar{cfg: cfg, env: env, log: slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))}
+	s := &Sidecar{cfg: cfg, env: env, log: slog.New(safe.Handler(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level})))}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -188,7 +189,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		sloNames = append(sloNames, o.Name)
 	}
 	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames})
-	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry)
+	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
 		return nil, &UsageError{err}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,10 +55,16 @@ func wanted(getenv func(string) string, signal string) bool {
 }
 
 // Setup builds the trace and metric providers the environment asks for.
-// reg receives the keep-mode counters. getenv nil means os.Getenv.
-func Setup(ctx context.Context, cfg config.Tracing, getenv func(string) string, reg prometheus.Registerer) (*Providers, error) {
+// reg receives the keep-mode counters and tokentap_otel_errors_total.
+// getenv nil means os.Getenv. log receives OpenTelemetry's own errors
+// and log lines (routeErrors; process-wide); nil leaves them to the SDK,
+// which prints them to stderr.
+func Setup(ctx context.Context, cfg config.Tracing, getenv func(string) string, reg prometheus.Registerer, log *slog.Logger) (*Providers, error) {
 	if getenv == nil {
 		getenv = os.Getenv
+	}
+	if log != nil {
+		routeErrors(log, reg)
 	}
 	o := &Providers{}
 	res, err := resource.New(ctx, resource.WithFromEnv(), resource.WithTelemetrySDK(),

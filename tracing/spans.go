@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokentap/tokentap/internal/safe"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -30,6 +31,11 @@ import (
 //     the server span. Its context is injected into the upstream request,
 //     so the engine's own spans (vLLM emits them) join the same trace
 //     under it.
+//
+// Every string a client or an engine chose (the path, the method, the
+// model names, the response id, the finish reason, the engine's host) is
+// written through safe.String: the OTLP exporter refuses a whole batch
+// over one attribute that is not valid UTF-8.
 //
 // Two spans rather than one keep the conventions' span kind right on both
 // sides of the hop and show where time went: before the client span
@@ -162,12 +168,13 @@ func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record,
 		return ctx, nil
 	}
 	ctx = t.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
-	ctx, server := t.tracer.Start(ctx, r.Method+" "+route(r), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
-		trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+	method, path, model := safe.String(r.Method, 0), safe.String(r.URL.Path, 0), safe.String(rec.Model, 0)
+	ctx, server := t.tracer.Start(ctx, method+" "+route(path), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
+		trace.WithAttributes(attribute.String("http.request.method", method), attribute.String("url.path", path)))
 	op := rec.API.Operation()
 	name := op
-	if rec.Model != "" {
-		name += " " + rec.Model
+	if model != "" {
+		name += " " + model
 	}
 	port, _ := strconv.Atoi(upstream.Port())
 	if port == 0 {
@@ -179,11 +186,11 @@ func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record,
 	start := []attribute.KeyValue{ // set at start: samplers may use them
 		attribute.String("gen_ai.operation.name", op),
 		attribute.String("gen_ai.provider.name", t.opts.ProviderName),
-		attribute.String("server.address", upstream.Hostname()),
+		attribute.String("server.address", safe.String(upstream.Hostname(), 0)),
 		attribute.Int("server.port", port),
 	}
-	if rec.Model != "" {
-		start = append(start, attribute.String("gen_ai.request.model", rec.Model))
+	if model != "" {
+		start = append(start, attribute.String("gen_ai.request.model", model))
 	}
 	ctx, client := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(rec.Arrive), trace.WithAttributes(start...))
 	s := &Spans{t: t, server: server, client: client, params: p}
@@ -196,8 +203,10 @@ func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record,
 	return ctx, s
 }
 
-func route(r *http.Request) string {
-	p := strings.TrimSuffix(r.URL.Path, "/")
+// route returns the span route of a request path: the API's route when
+// the path ends with one, else the path without a trailing slash.
+func route(path string) string {
+	p := strings.TrimSuffix(path, "/")
 	for _, known := range []string{"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"} {
 		if strings.HasSuffix(p, known) {
 			return known
@@ -236,16 +245,16 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 		add(attribute.Int64("gen_ai.request.seed", *p.Seed))
 	}
 	if rec.ResponseModel != "" {
-		add(attribute.String("gen_ai.response.model", rec.ResponseModel))
+		add(attribute.String("gen_ai.response.model", safe.String(rec.ResponseModel, 0)))
 	}
 	if rec.ResponseID != "" {
-		add(attribute.String("gen_ai.response.id", rec.ResponseID))
+		add(attribute.String("gen_ai.response.id", safe.String(rec.ResponseID, 0)))
 	}
 	switch {
 	case rec.Outcome != record.Success && rec.Stream && rec.TokenEvents() > 0:
 		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{"error"})) // ended early
 	case rec.FinishReason != "":
-		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{rec.FinishReason}))
+		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{safe.String(rec.FinishReason, 0)}))
 	}
 	if rec.InputTokens >= 0 {
 		add(attribute.Int64("gen_ai.usage.input_tokens", rec.InputTokens))
@@ -313,7 +322,7 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 		if captured != nil {
 			text := c.clean(stream.AnswerTextOf(stream.FormatOfAPI(string(rec.API)), captured, rec.Stream))
 			out, _ := json.Marshal([]map[string]any{{"role": "assistant", "parts": []map[string]string{{"type": "text", "content": text}},
-				"finish_reason": rec.FinishReason}})
+				"finish_reason": safe.String(rec.FinishReason, 0)}})
 			add(attribute.String("gen_ai.output.messages", string(out)))
 		}
 	}
