@@ -149,8 +149,18 @@ type Record struct {
 	// event said how many tokens it carried; nil otherwise.
 	TokensPerEvent []int32
 	perEventKnown  bool
-	// MaxGap is the largest gap between consecutive token-bearing events.
+	// MaxGap is the largest gap between consecutive token-bearing events
+	// (of the same choice, the worst choice's, when Choices is set).
 	MaxGap time.Duration
+	// Choices follows each choice on its own once the response carried a
+	// second choice index (n > 1; choice.go): at most MaxChoices, in the
+	// order they appeared; nil for a response with one choice.
+	// ChoicesUntracked counts the choices beyond MaxChoices. EventChoice
+	// is parallel to TokenAt while Choices is set: the position in
+	// Choices of each token event's choice (UntrackedChoice beyond it).
+	Choices          []Choice
+	ChoicesUntracked int
+	EventChoice      []uint8
 	// Stalls counts gaps above the configured stall threshold; set when
 	// the request is judged (package slo).
 	Stalls int
@@ -236,6 +246,7 @@ func (r *Record) SetModel(name string) {
 func (r *Record) Reset() {
 	ta, tpe := r.TokenAt[:0], r.TokensPerEvent[:0]
 	*r = Record{TokenAt: ta, TokensPerEvent: tpe, InputTokens: -1, OutputTokens: -1, PreemptionsDuring: -1, perEventKnown: true}
+	r.EventChoice = r.EventChoice[:0] // its room kept; Choices nil again (one choice)
 }
 
 // New returns a reset record with room for hint token events.
@@ -250,13 +261,20 @@ func New(hint int) *Record {
 // event (0 and false for the first). It does not allocate while the
 // record's capacity lasts.
 func (r *Record) AddToken(t time.Time, k int64, output bool) (gap time.Duration, ok bool) {
-	if r.FirstToken.IsZero() {
-		r.FirstToken = t
-	} else {
+	if !r.FirstToken.IsZero() {
 		gap, ok = t.Sub(r.LastToken), true
 		if gap > r.MaxGap {
 			r.MaxGap = gap
 		}
+	}
+	r.appendEvent(t, k, output)
+	return gap, ok
+}
+
+// appendEvent adds a token event to the request's instants and TokenAt.
+func (r *Record) appendEvent(t time.Time, k int64, output bool) {
+	if r.FirstToken.IsZero() {
+		r.FirstToken = t
 	}
 	if output && r.FirstOutputToken.IsZero() {
 		r.FirstOutputToken = t
@@ -268,7 +286,6 @@ func (r *Record) AddToken(t time.Time, k int64, output bool) (gap time.Duration,
 	} else {
 		r.perEventKnown = false
 	}
-	return gap, ok
 }
 
 // TokenEvents is the number of token-bearing events.
@@ -299,8 +316,12 @@ func (r *Record) TTFB() (time.Duration, bool) { return since(r.Arrive, r.FirstBy
 func (r *Record) E2E() (time.Duration, bool) { return since(r.Arrive, r.Terminal) }
 
 // TPOT is (LastToken − FirstToken) / (n − 1) with n the output token
-// count; ok is false for n ≤ 1, when it is undefined (not zero).
+// count; ok is false for n ≤ 1, when it is undefined (not zero). With
+// Choices set it is the worst (largest) of the choices' TPOTs.
 func (r *Record) TPOT() (time.Duration, bool) {
+	if len(r.Choices) > 0 {
+		return r.choicesTPOT()
+	}
 	n := r.OutputTokens
 	if r.FirstToken.IsZero() || n < 2 {
 		return 0, false
@@ -308,8 +329,27 @@ func (r *Record) TPOT() (time.Duration, bool) {
 	return r.LastToken.Sub(r.FirstToken) / time.Duration(n-1), true
 }
 
-// Gaps calls fn with every inter-token-event gap, in order.
+// MaxITL is MaxGap; ok is false when there is no gap: fewer than two
+// token events (of one choice, with Choices set).
+func (r *Record) MaxITL() (time.Duration, bool) {
+	if len(r.Choices) > 0 {
+		for i := range r.Choices {
+			if r.Choices[i].Events >= 2 {
+				return r.MaxGap, true
+			}
+		}
+		return 0, false
+	}
+	return r.MaxGap, len(r.TokenAt) >= 2
+}
+
+// Gaps calls fn with every inter-token-event gap, in order: with Choices
+// set, every gap between two token events of the same choice.
 func (r *Record) Gaps(fn func(time.Duration)) {
+	if len(r.Choices) > 0 {
+		r.choiceGaps(fn)
+		return
+	}
 	for i := 1; i < len(r.TokenAt); i++ {
 		fn(r.TokenAt[i] - r.TokenAt[i-1])
 	}
@@ -436,7 +476,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	opt("tpot_ms", d, ok)
 	d, ok = r.E2E()
 	opt("e2e_ms", d, ok)
-	opt("max_itl_ms", r.MaxGap, len(r.TokenAt) >= 2)
+	d, ok = r.MaxITL()
+	opt("max_itl_ms", d, ok)
+	b = r.appendChoicesJSON(b)
 	if r.PromptClass != "" {
 		num("stalls", int64(r.Stalls))
 		str("prompt_class", r.PromptClass)
