@@ -46,14 +46,33 @@ func WilsonUpper(k, n, z float64) float64 {
 // Tokens are counted one by one: an event known to carry k tokens gives k
 // tokens arriving at once, each with its own deadline; when per-event
 // counts are unknown, each token-bearing event counts as one token.
+//
+// A response with several choices (record.Choices) is scored per choice,
+// each on its own schedule, and the score is the worst choice's.
 func FluidityScore(r *record.Record, s FluiditySchedule) float64 {
 	if len(r.TokenAt) == 0 || s.Cadence <= 0 {
 		return 1
 	}
+	if len(r.Choices) == 0 {
+		return fluidity(r, s, -1)
+	}
+	worst := 1.0
+	for slot := range r.Choices {
+		worst = min(worst, fluidity(r, s, slot))
+	}
+	return worst
+}
+
+// fluidity scores the token events of the choice at slot in r.Choices
+// (every event for slot -1); 1 when it has none.
+func fluidity(r *record.Record, s FluiditySchedule, slot int) float64 {
 	due := s.Deadline
 	var misses, deadlines int64
 	per := r.PerEventKnown()
 	for i, t := range r.TokenAt {
+		if slot >= 0 && (i >= len(r.EventChoice) || int(r.EventChoice[i]) != slot) {
+			continue
+		}
 		k := 1
 		if per {
 			k = int(r.TokensPerEvent[i])
@@ -70,16 +89,20 @@ func FluidityScore(r *record.Record, s FluiditySchedule) float64 {
 			}
 		}
 	}
+	if deadlines == 0 {
+		return 1
+	}
 	return 1 - float64(misses)/float64(deadlines)
 }
 
-// countStalls counts gaps between token events above threshold.
+// countStalls counts gaps between token events above threshold (between
+// events of the same choice, with several choices: record.Gaps).
 func countStalls(r *record.Record, threshold time.Duration) int {
 	n := 0
-	for i := 1; i < len(r.TokenAt); i++ {
-		if r.TokenAt[i]-r.TokenAt[i-1] > threshold {
+	r.Gaps(func(g time.Duration) {
+		if g > threshold {
 			n++
 		}
-	}
+	})
 	return n
 }

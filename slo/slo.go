@@ -114,7 +114,8 @@ func evaluate(o *Objective, r *record.Record, promptClass, outputClass string) (
 	dur(TPOT, t.TPOT, d, ok1 && r.Stream)
 	d, ok1 = r.E2E()
 	dur(E2E, t.E2E, d, ok1)
-	dur(MaxITL, t.MaxITL, r.MaxGap, streamed && r.TokenEvents() >= 2)
+	d, ok1 = r.MaxITL() // the worst choice's for n > 1, as TPOT is
+	dur(MaxITL, t.MaxITL, d, ok1 && streamed)
 	if t.Fluidity > 0 {
 		if !streamed {
 			v.NotApplicable = append(v.NotApplicable, Fluidity)
