@@ -39,7 +39,7 @@ type Config struct {
 	InjectUsage bool `yaml:"inject_usage"`
 	// MaxModels bounds the model label; later names become "_other".
 	MaxModels int `yaml:"max_models"`
-	// Models always get their own label value.
+	// Models always get their own label value; at most MaxDeclaredModels.
 	Models []string `yaml:"models"`
 	// PeekBytes bounds the request body read before forwarding.
 	PeekBytes int `yaml:"peek_bytes"`
@@ -94,6 +94,10 @@ type Config struct {
 	// File is the config file that was read, if any.
 	File string `yaml:"-"`
 }
+
+// MaxDeclaredModels bounds the models list: each name is a label value
+// that max_models does not bound.
+const MaxDeclaredModels = 100
 
 // Defaults returns the configuration before any file, env or flag.
 func Defaults() Config {
@@ -189,10 +193,46 @@ func configFile(args []string, getenv func(string) string) string {
 	return getenv("TOKENTAP_CONFIG")
 }
 
+// MaxFileBytes bounds the configuration file: a larger one is refused
+// before it is parsed. A real configuration is a few kilobytes; 1 MiB
+// leaves room for hundreds of SLOs and probes with comments, and keeps
+// parsing it under about 50 MB and a fraction of a second.
+const MaxFileBytes = 1 << 20
+
+// MaxExpandedBytes bounds the configuration with every YAML alias
+// expanded, counted as checkExpansion does: each node's scalar bytes plus
+// one. Without aliases a document never exceeds its file's size by this
+// count, so only aliases can reach it; a few kilobytes of anchors can
+// otherwise stand for gigabytes ("billion laughs"), which decoding and
+// --config.check's printing would then build.
+const MaxExpandedBytes = 4 << 20
+
 func (c *Config) readFile(path string) error {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
+	}
+	defer f.Close()
+	// Read one byte past the limit, so that a larger file is refused
+	// without reading it whole (a stat would miss pipes and devices).
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
+	}
+	if len(b) > MaxFileBytes {
+		return fmt.Errorf("config file %s: larger than the limit of %d bytes (1 MiB)", path, MaxFileBytes)
+	}
+	// First parse without decoding (aliases stay references) and measure
+	// the document as decoding would expand it.
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	if err := checkExpansion(&doc); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
@@ -200,6 +240,56 @@ func (c *Config) readFile(path string) error {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
 	return nil
+}
+
+// checkExpansion refuses a document whose expanded size (aliases
+// replaced by what they name) is over MaxExpandedBytes, or whose alias
+// names a node that contains it. It visits each node once: the size of
+// an anchored node is kept for the aliases that name it.
+func checkExpansion(doc *yaml.Node) error {
+	e := expansion{sizes: map[*yaml.Node]int64{}, open: map[*yaml.Node]bool{}}
+	e.size(doc)
+	return e.err
+}
+
+type expansion struct {
+	sizes map[*yaml.Node]int64 // anchored nodes measured so far
+	open  map[*yaml.Node]bool  // anchored nodes being measured
+	err   error
+}
+
+// size returns n's expanded size (scalar bytes plus one per node), at
+// most MaxExpandedBytes+1. The innermost node past the limit, or an
+// alias inside the node it names, sets e.err.
+func (e *expansion) size(n *yaml.Node) int64 {
+	if e.err != nil || n == nil {
+		return 0
+	}
+	if n.Kind == yaml.AliasNode {
+		if e.open[n.Alias] {
+			e.err = fmt.Errorf("line %d: alias *%s is inside the node it names", n.Line, n.Value)
+			return 0
+		}
+		return e.size(n.Alias)
+	}
+	if n.Anchor != "" {
+		if s, ok := e.sizes[n]; ok {
+			return s
+		}
+		e.open[n] = true
+		defer delete(e.open, n)
+	}
+	s := int64(1 + len(n.Value))
+	for _, k := range n.Content {
+		s = min(s+e.size(k), MaxExpandedBytes+1)
+	}
+	if n.Anchor != "" {
+		e.sizes[n] = s
+	}
+	if s > MaxExpandedBytes && e.err == nil {
+		e.err = fmt.Errorf("line %d: with its aliases expanded, this node is larger than the limit of %d bytes (4 MiB)", n.Line, MaxExpandedBytes)
+	}
+	return s
 }
 
 func (c *Config) bind(fs *flag.FlagSet) {
@@ -279,6 +369,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.MaxModels < 1 {
 		bad("max_models: must be at least 1, got %d", c.MaxModels)
+	}
+	if len(c.Models) > MaxDeclaredModels {
+		bad("models: at most %d, got %d (each is a label value of every model-labelled series)", MaxDeclaredModels, len(c.Models))
 	}
 	if c.PeekBytes < 1024 {
 		bad("peek_bytes: must be at least 1024, got %d", c.PeekBytes)

@@ -11,7 +11,7 @@ import (
 // imports no package of this project, so the list is repeated here and a
 // test in package record keeps the two equal).
 var APIs = []string{"chat", "completions", "responses", "messages", "ollama_chat", "ollama_generate",
-	"tgi_generate", "llamacpp_completion", "other"}
+	"tgi_generate", "llamacpp_completion", "upgrade", "other"}
 
 // Thresholds are an SLO's limits. A zero field is not part of the SLO.
 type Thresholds struct {
@@ -115,12 +115,32 @@ func (c SLO) WithDefaults() SLO {
 	return c
 }
 
+// MaxSLOs bounds slo.objectives. Every SLO costs on every request: a
+// verdict in each record (about 70 bytes), its share of the
+// end-of-request work, its series on /metrics (counters by threshold,
+// model and load bucket) and its rows on /slo. 10,000 SLOs held each
+// response's last bytes 2.2-2.8 s, made records of 690 KB and /metrics
+// of 70,000 series; 64 keeps those to a few kilobytes per record and
+// microseconds per request, and is more objectives than a dashboard can
+// show (the probes' cap is 16, the classes' 8).
+const MaxSLOs = 64
+
+// MaxScopeValues bounds each list of an SLO's scope: they are matched
+// against every request.
+const MaxScopeValues = 100
+
 // Validate returns one error per problem, naming the SLO and the field.
+// Past MaxSLOs, it says so once and checks only the first MaxSLOs.
 func (c SLO) Validate() []error {
 	var errs []error
 	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf(f, a...)) }
+	objectives := c.Objectives
+	if len(objectives) > MaxSLOs {
+		bad("slo.objectives: at most %d SLOs, got %d (each one costs on every request: records, /metrics, /slo)", MaxSLOs, len(objectives))
+		objectives = objectives[:MaxSLOs]
+	}
 	seen := map[string]bool{}
-	for i, o := range c.Objectives {
+	for i, o := range objectives {
 		name := o.Name
 		if name == "" {
 			name = fmt.Sprintf("#%d", i+1)
@@ -158,6 +178,15 @@ func (c SLO) Validate() []error {
 		}
 		if t == (Thresholds{}) {
 			bad("slo %s: thresholds: at least one is required", name)
+		}
+		for _, l := range []struct {
+			n string
+			v []string
+		}{{"models", o.Scope.Models}, {"apis", o.Scope.APIs}, {"traffic", o.Scope.Traffic},
+			{"prompt_classes", o.Scope.PromptClasses}, {"output_classes", o.Scope.OutputClasses}} {
+			if len(l.v) > MaxScopeValues {
+				bad("slo %s: scope.%s: at most %d values, got %d", name, l.n, MaxScopeValues, len(l.v))
+			}
 		}
 		for _, a := range o.Scope.APIs {
 			if !slices.Contains(APIs, a) {
