@@ -28,8 +28,9 @@ type FileOptions struct {
 	// for concurrent use. nil means time.Now.
 	Clock func() time.Time
 	// CheckInterval is how often the writer re-stats the path to notice
-	// that the file was deleted or renamed away, and reopens it when it
-	// was. 0 (or less) means 1s.
+	// that the file was renamed away or replaced, and reopens it when it
+	// was; and, while the file is deleted and cannot be re-created, how
+	// often it tries again. 0 (or less) means 1s.
 	CheckInterval time.Duration
 }
 
@@ -38,11 +39,13 @@ type FileStats struct {
 	// Written counts records written whole to the file.
 	Written uint64
 	// WriteErrors counts failed write(2) calls (a full disk, an I/O
-	// error...); one failure may lose several records, see Dropped.
+	// error...) and batches that went, or would have gone, to a deleted
+	// file; one failure may lose several records, see Dropped.
 	WriteErrors uint64
 	// Dropped counts records that never reached the file: the queue was
-	// full, their write failed, or they came after (or were still queued
-	// when the deadline of) Close.
+	// full, their write failed, the file was deleted (and could not be
+	// re-created), or they came after (or were still queued when the
+	// deadline of) Close.
 	Dropped uint64
 }
 
@@ -59,7 +62,14 @@ type FileStats struct {
 //     disk has room.
 //   - Reopen reopens the path (SIGHUP after logrotate's create), and the
 //     writer reopens it by itself when it notices, within CheckInterval,
-//     that the path was deleted or now names another file.
+//     that the path was renamed away or now names another file.
+//   - A deleted file is never written to: before and after each batch's
+//     write the writer asks fstat whether the open file still has a link
+//     (a name). Before, a deleted file is re-created at the path; after,
+//     the batch went into no file and is counted as dropped, not
+//     written. When the path cannot be re-created (its directory is
+//     gone too), records are dropped and counted until it can, tried
+//     once per CheckInterval; directories are never created.
 //   - Faults are logged at most once every 10 s, with how many errors and
 //     drops there were since the previous line.
 //
@@ -90,8 +100,10 @@ type File struct {
 	off       int64 // the file's size as far as we know: where the next write lands
 	trunc     int64 // a size the file must be cut back to before the next write; -1 if none
 	buf       []byte
-	openFails bool // the last attempt to reopen the path failed (logged once)
-	statFails bool // the last stat of the path failed oddly (logged once)
+	openFails bool      // the last attempt to reopen the path failed (logged once)
+	statFails bool      // the last stat of the path failed oddly (logged once)
+	lost      bool      // the open file is deleted and the path could not be re-created
+	retryAt   time.Time // while lost: when to try the path again
 }
 
 // fileHandle is the part of *os.File the writer uses; tests wrap it to
@@ -293,11 +305,7 @@ func (f *File) run() {
 			}
 		case reply := <-f.reopenReq:
 			open := f.flushQueued(len(f.queue))
-			err := f.reopen()
-			if err == nil {
-				f.log.Info("records file: reopened", "path", f.path, "reason", "requested")
-			}
-			reply <- err
+			reply <- f.reopen() // the caller logs it
 			if !open {
 				f.finish()
 				return
@@ -375,6 +383,10 @@ func (f *File) write(buf []byte, n int) {
 		return
 	default:
 	}
+	if (f.lost || f.deleted()) && !f.recreate() {
+		f.lose(n, "records file deleted, and its path cannot be re-created")
+		return
+	}
 	if f.trunc >= 0 {
 		// A failed write left bytes that could not be cut off then.
 		if err := f.f.Truncate(f.trunc); err == nil {
@@ -389,6 +401,12 @@ func (f *File) write(buf []byte, n int) {
 	w, err := f.f.Write(buf)
 	if err == nil && w == len(buf) {
 		f.off += int64(w)
+		if f.deleted() {
+			// Deleted before or while we wrote: the lines are in no file.
+			f.lose(n, "records file deleted while records were written to it")
+			f.recreate() // for the next batch
+			return
+		}
 		f.written.Add(uint64(n))
 		return
 	}
@@ -417,8 +435,57 @@ func (f *File) write(buf []byte, n int) {
 	f.lim.report(f, false)
 }
 
+// lose counts a batch of n records that went, or would have gone, to a
+// deleted file: one write error, n drops, logged (rate-limited) with why.
+func (f *File) lose(n int, why string) {
+	f.lim.noteErr(errors.New(why))
+	f.writeErrors.Add(1)
+	f.dropped.Add(uint64(n))
+	f.lim.report(f, false)
+}
+
+// deleted reports whether the open file has been deleted: fstat says it
+// has no link left, and the path does not name it (a file system that
+// reports no links for a linked file is not fooled). Where fstat cannot
+// tell, it reports false.
+func (f *File) deleted() bool {
+	st, err := f.f.Stat()
+	if err != nil {
+		return false // the write will say
+	}
+	if n, ok := links(st); !ok || n > 0 {
+		return false
+	}
+	pst, err := os.Stat(f.path)
+	return err != nil || !os.SameFile(pst, st)
+}
+
+// recreate opens the path again after the open file was deleted; while
+// that keeps failing, at most once per CheckInterval. It reports whether
+// a file is open at the path now.
+func (f *File) recreate() bool {
+	now := f.clock()
+	if f.lost && now.Before(f.retryAt) {
+		return false
+	}
+	if err := f.reopen(); err != nil {
+		if !f.lost {
+			f.log.Error("records file: deleted, and the path cannot be re-created; records are dropped and counted until it can",
+				"path", f.path, "error", err)
+		}
+		f.lost, f.retryAt = true, now.Add(f.check)
+		return false
+	}
+	f.log.Warn("records file: reopened", "path", f.path, "reason", "path removed")
+	return true
+}
+
 // checkPath reopens the path when it no longer names the open file.
 func (f *File) checkPath() {
+	if f.lost || f.deleted() {
+		f.recreate()
+		return
+	}
 	pst, err := os.Stat(f.path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		if !f.statFails {
@@ -433,13 +500,15 @@ func (f *File) checkPath() {
 			return
 		}
 	}
+	// The open file still has a name (renamed away): it may be written
+	// to until the path can be opened.
 	why := "path replaced by another file"
 	if err != nil {
 		why = "path removed"
 	}
 	if rerr := f.reopen(); rerr != nil {
 		if !f.openFails {
-			f.log.Error("records file: cannot reopen; still writing to the old file", "path", f.path, "reason", why, "error", rerr)
+			f.log.Error("records file: cannot reopen; still writing to the old file under its new name", "path", f.path, "reason", why, "error", rerr)
 		}
 		f.openFails = true
 		return
@@ -460,7 +529,7 @@ func (f *File) reopen() error {
 	if err := f.f.Close(); err != nil {
 		f.log.Warn("records file: closing the old file", "path", f.path, "error", err)
 	}
-	f.f, f.off, f.trunc = h, off, -1
+	f.f, f.off, f.trunc, f.lost = h, off, -1, false
 	if f.openFails {
 		f.openFails = false
 		f.log.Info("records file: reopened after failures", "path", f.path)
