@@ -254,7 +254,8 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 		// Smoothness and classes are set by the SLO stage.
 		if r.PromptClass != "" && r.TokenEvents() > 0 {
 			emit(Stalls, float64(r.Stalls), &l)
-			secs(MaxGap, r.MaxGap, r.TokenEvents() >= 2)
+			d, ok = r.MaxITL() // the worst choice's for n > 1, as TPOT
+			secs(MaxGap, d, ok)
 			d, ok = r.TTFT()
 			secs(TTFTByClass, d, ok)
 			d, ok = r.TPOT()
