@@ -8,11 +8,16 @@
 // decrypted connection with a net/http server (HTTP/1.1, and HTTP/2
 // through ALPN) whose handler is a proxy.Proxy to https://host: the same
 // tap, adapters, record, pipeline, metrics and spans as the reverse
-// proxy, re-encrypted to the real host with normal verification. Every
-// other CONNECT is goproxy's blind tunnel: bytes copied both ways, never
-// decrypted. Plain-HTTP forward requests are measured when their host is
-// on the list and forwarded by goproxy otherwise. docs/egress.md has the
-// trust model.
+// proxy, re-encrypted to the real host with normal verification. A
+// CONNECT to a destination on the tunnel allow-list is goproxy's blind
+// tunnel: bytes copied both ways, never decrypted. Plain-HTTP forward
+// requests are measured when their host is on the list and forwarded by
+// goproxy when it is on the tunnel allow-list. Every other destination
+// is refused, and so is every internal address (loopback, link-local,
+// private) unless allowed by name, and the sidecar's own listeners,
+// checked on the address resolved, before it is dialled (guard.go).
+// Proxy authentication is optional (auth.go). docs/egress.md has the
+// trust and threat models.
 package egress
 
 import (
@@ -26,6 +31,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -71,8 +77,13 @@ type Options struct {
 	// (proxy.Options.ProbeHeader): forwarded, not recorded twice.
 	ProbeHeader string
 
-	// DialContext dials upstream hosts and tunnel targets; nil means a
-	// net.Dialer. Tests resolve their test host names here.
+	// LookupIP resolves a destination's host name; nil means the
+	// system's resolver (net.DefaultResolver). Tests resolve their test
+	// host names here.
+	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
+	// DialContext dials an upstream host or a tunnel's destination, at
+	// an address LookupIP returned and the guard checked ("ip:port",
+	// never a name); nil means a net.Dialer.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// RootCAs verifies the intercepted hosts' certificates; nil means
 	// the system roots.
@@ -89,6 +100,9 @@ type Proxy struct {
 	cfg     config.Egress
 	log     *slog.Logger
 	match   *matcher
+	tunnel  []hostPort   // egress.tunnel_allow
+	guard   *guard       // the address checks
+	auth    *credentials // nil: no proxy authentication
 	ca      *CA
 	bundle  string // the trust bundle written beside the CA, or ""
 	leaves  *leafCache
@@ -101,6 +115,7 @@ type Proxy struct {
 	tunnels connSet         // the upstream ends of blind tunnels
 
 	connects *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	conns    sync.Map // intercepted *tls.Conn or net.Conn → target
 }
 
@@ -134,12 +149,29 @@ func New(opts Options) (*Proxy, error) {
 	if opts.DialContext == nil {
 		opts.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
-	for _, h := range cfg.Intercept {
-		if err := config.ValidInterceptHost(h); err != nil {
-			return nil, fmt.Errorf("egress.intercept: %w", err)
+	if opts.LookupIP == nil {
+		opts.LookupIP = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
 	}
-	p := &Proxy{opts: opts, cfg: cfg, log: opts.Logger, match: newMatcher(cfg.Intercept)}
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	p := &Proxy{opts: opts, cfg: cfg, log: opts.Logger, match: newMatcher(cfg.Intercept),
+		guard: &guard{lookup: opts.LookupIP, localAddrs: localInterfaceAddrs}}
+	for _, e := range cfg.TunnelAllow {
+		host, port, _ := config.SplitTunnelEntry(e)
+		p.tunnel = append(p.tunnel, hostPort{pattern: newPattern(host), port: port})
+	}
+	for _, e := range cfg.InternalAllow {
+		p.guard.internalAllow = append(p.guard.internalAllow, newPattern(e))
+	}
+	if cfg.AuthFile != "" {
+		var err error
+		if p.auth, err = loadCredentials(cfg.AuthFile); err != nil {
+			return nil, err
+		}
+	}
 
 	certPath, keyPath := cfg.CACert, cfg.CAKey
 	if certPath == "" && keyPath == "" {
@@ -159,12 +191,18 @@ func New(opts Options) (*Proxy, error) {
 
 	if opts.Registry != nil {
 		p.connects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_egress_connects_total",
-			Help: "CONNECT requests to the egress proxy by what was done: intercept (decrypted and measured), tunnel (passed through blind, never decrypted), refuse (not on the intercept list, and egress.tunnel is off)."},
+			Help: "CONNECT requests to the egress proxy by what was done: intercept (decrypted and measured), tunnel (passed through blind, never decrypted), refuse (refused: tokentap_egress_refused_total says why)."},
 			[]string{"action"})
+		p.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_egress_refused_total",
+			Help: "Requests the egress proxy refused (CONNECT or plain-HTTP forward) by reason: not_allowed (not on egress.intercept or egress.tunnel_allow), internal (resolves to a loopback, link-local, private or reserved address, not on egress.internal_allow), self (one of the sidecar's own listeners), auth (Proxy-Authorization missing or wrong: 407), bad_request (an oversized authority, a CONNECT without a port, a scheme other than http or https: 400)."},
+			[]string{"reason"})
+		for _, r := range reasons {
+			p.refused.WithLabelValues(r)
+		}
 		minted := prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_egress_certificates_minted_total",
 			Help: "Certificates minted from the egress CA for intercepted hosts (the cache's misses and renewals)."})
 		p.leaves.minted = minted.Inc
-		opts.Registry.MustRegister(p.connects, minted,
+		opts.Registry.MustRegister(p.connects, p.refused, minted,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_egress_targets",
 				Help: "Intercepted hosts with an upstream proxy held (bounded by egress.max_targets)."},
 				func() float64 { return float64(p.targets.len()) }))
@@ -187,16 +225,10 @@ func New(opts Options) (*Proxy, error) {
 	gp.Logger = goproxyLogger{p.log}
 	gp.Tr = &http.Transport{Proxy: nil, DialContext: p.dial, TLSClientConfig: &tls.Config{RootCAs: opts.RootCAs},
 		TLSHandshakeTimeout: 10 * time.Second, IdleConnTimeout: 90 * time.Second, DisableCompression: true}
-	gp.ConnectDial = nil // goproxy's default chains to $HTTPS_PROXY: never
-	gp.ConnectDialWithReq = func(r *http.Request, network, addr string) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		defer cancel()
-		c, err := p.dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return p.tunnels.add(c), nil
-	}
+	// goproxy's default chains to $HTTPS_PROXY: never. Without either,
+	// a tunnel is dialled by the ProxyCtx.Dialer onConnect sets, to the
+	// addresses it checked (and, were none set, by gp.Tr's p.dial).
+	gp.ConnectDial, gp.ConnectDialWithReq = nil, nil
 	gp.KeepAcceptEncoding = true // a passed-through request is not rewritten
 	gp.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "tokentap egress: this is a forward proxy; point clients at it with HTTPS_PROXY=http://"+r.Host, http.StatusBadRequest)
@@ -287,8 +319,33 @@ func writeBundle(ca *CA) string {
 	return path
 }
 
+// dial is the dialer of every upstream connection (the intercepted
+// hosts' transport, goproxy's forwarder): it resolves addr's host,
+// checks every address (guard.resolve), and dials those.
 func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	return p.opts.DialContext(ctx, network, addr)
+	host, port := splitHostPort(addr)
+	addrs, err := p.guard.resolve(ctx, host, port)
+	if err != nil {
+		var ref *refusal
+		if errors.As(err, &ref) {
+			p.refuse(ref.reason, host)
+		}
+		return nil, err
+	}
+	return p.dialAddrs(ctx, network, addrs)
+}
+
+// dialAddrs dials the checked addresses in turn; the first that answers
+// is the connection.
+func (p *Proxy) dialAddrs(ctx context.Context, network string, addrs []netip.AddrPort) (net.Conn, error) {
+	var err error
+	for _, a := range addrs {
+		var c net.Conn
+		if c, err = p.opts.DialContext(ctx, network, a.String()); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
 }
 
 func (p *Proxy) count(action string) {
@@ -297,25 +354,109 @@ func (p *Proxy) count(action string) {
 	}
 }
 
-// onConnect decides a CONNECT: intercept a host on the list, tunnel (or
-// refuse) any other.
+// refuse counts a refusal, and logs it at debug level with the host
+// clipped.
+func (p *Proxy) refuse(reason, host string) {
+	if p.refused != nil {
+		p.refused.WithLabelValues(reason).Inc()
+	}
+	p.log.Debug("egress: refused", "reason", reason, "host", clip(host, maxHost))
+}
+
+// maxHost bounds a host name (RFC 1035: 253 bytes, and room for an
+// IPv6 literal's brackets); maxAuthority is host:port at most. A longer
+// authority is refused at once (400), before it is echoed anywhere.
+const (
+	maxHost      = 255
+	maxAuthority = maxHost + len(":65535")
+)
+
+// destination decides a destination by name: the intercept rule host
+// matches (any port), or tunnel when host:port is on egress.tunnel_allow
+// and tunnelling is on; a *refusal otherwise.
+func (p *Proxy) destination(host, port string) (rule string, intercept bool, err error) {
+	if rule, ok := p.match.rule(host); ok {
+		return rule, true, nil
+	}
+	if p.cfg.Tunnel && allowed(p.tunnel, host, port) {
+		return "", false, nil
+	}
+	return "", false, &refusal{reasonNotAllowed, fmt.Sprintf("%q is not on egress.intercept or egress.tunnel_allow", clip(net.JoinHostPort(host, port), maxAuthority))}
+}
+
+// check decides a destination (by name, then by every address it
+// resolves to) and returns its checked addresses; an error is a
+// *refusal (counted) or a failed lookup.
+func (p *Proxy) check(ctx context.Context, host, port string) (rule string, intercept bool, addrs []netip.AddrPort, err error) {
+	if rule, intercept, err = p.destination(host, port); err == nil {
+		addrs, err = p.guard.resolve(ctx, host, port)
+	}
+	var ref *refusal
+	if errors.As(err, &ref) {
+		p.refuse(ref.reason, host)
+	}
+	return rule, intercept, addrs, err
+}
+
+// failure is the status and body for a failed check: 403 (400) for a
+// refusal, 502 for a lookup that failed.
+func failure(host string, err error) (int, string) {
+	var ref *refusal
+	switch {
+	case errors.As(err, &ref) && ref.reason == reasonBadRequest:
+		return http.StatusBadRequest, "tokentap egress: " + ref.msg + "\n"
+	case errors.As(err, &ref):
+		return http.StatusForbidden, "tokentap egress: " + ref.msg + "\n"
+	}
+	return http.StatusBadGateway, fmt.Sprintf("tokentap egress: cannot resolve %q\n", clip(host, maxHost))
+}
+
+// onConnect decides a CONNECT: intercept a host on the list, tunnel a
+// destination on the tunnel allow-list, refuse any other, and any whose
+// addresses are refused.
 func (p *Proxy) onConnect(authority string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	host, port := splitHostPort(authority)
-	if rule, ok := p.match.rule(host); ok {
+	if port == "" {
+		p.refuse(reasonBadRequest, host)
+		p.count("refuse")
+		return reject(ctx, http.StatusBadRequest, "tokentap egress: CONNECT needs host:port\n"), authority
+	}
+	rule, intercept, addrs, err := p.check(ctx.Req.Context(), host, port)
+	var ref *refusal
+	switch {
+	case errors.As(err, &ref):
+		p.count("refuse")
+	case intercept:
 		p.count("intercept")
+	default:
+		p.count("tunnel")
+	}
+	if err != nil {
+		code, msg := failure(host, err)
+		return reject(ctx, code, msg), authority
+	}
+	if intercept {
 		t := target{scheme: "https", authority: targetAuthority("https", host, port), rule: rule}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(r *http.Request, c net.Conn, _ *goproxy.ProxyCtx) {
 			p.intercept(r, c, host, t)
 		}}, authority
 	}
-	if !p.cfg.Tunnel {
-		p.count("refuse")
-		ctx.Resp = goproxy.NewResponse(ctx.Req, goproxy.ContentTypeText, http.StatusForbidden,
-			"tokentap egress: "+host+" is not on the intercept list and tunnelling is off\n")
-		return goproxy.RejectConnect, authority
+	ctx.Dialer = func(dctx context.Context, network, _ string) (net.Conn, error) {
+		dctx, cancel := context.WithTimeout(dctx, 10*time.Second)
+		defer cancel()
+		c, err := p.dialAddrs(dctx, network, addrs)
+		if err != nil {
+			return nil, err
+		}
+		return p.tunnels.add(c), nil
 	}
-	p.count("tunnel")
 	return goproxy.OkConnect, authority
+}
+
+// reject answers a CONNECT with code and msg.
+func reject(ctx *goproxy.ProxyCtx, code int, msg string) *goproxy.ConnectAction {
+	ctx.Resp = goproxy.NewResponse(ctx.Req, goproxy.ContentTypeText, code, msg)
+	return goproxy.RejectConnect
 }
 
 // intercept takes a hijacked CONNECT: it confirms the tunnel, and hands
@@ -365,22 +506,55 @@ func (p *Proxy) intercept(r *http.Request, c net.Conn, host string, t target) {
 	}
 }
 
-// serveFront serves the proxy listener: a plain-HTTP forward request to
-// an intercepted host is measured here; CONNECT and everything else is
-// goproxy's.
+// serveFront serves the proxy listener. An oversized authority is
+// refused first (400), then a client without credentials (407, when
+// authentication is on). A plain-HTTP forward request to an intercepted
+// host is measured here, one to a destination on the tunnel allow-list
+// forwarded by goproxy, any other refused; CONNECT (onConnect) and
+// requests that are not proxy requests are goproxy's.
 func (p *Proxy) serveFront(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodConnect && r.URL.IsAbs() && (r.URL.Scheme == "http" || r.URL.Scheme == "https") {
-		host, port := splitHostPort(r.URL.Host)
-		if rule, ok := p.match.rule(host); ok {
-			p.targets.serve(target{scheme: r.URL.Scheme, authority: targetAuthority(r.URL.Scheme, host, port), rule: rule}, w, r)
-			return
+	if len(r.Host) > maxAuthority || len(r.URL.Host) > maxAuthority {
+		p.refuse(reasonBadRequest, r.URL.Host)
+		if r.Method == http.MethodConnect {
+			p.count("refuse")
 		}
-		if !p.cfg.Tunnel {
-			http.Error(w, "tokentap egress: "+host+" is not on the intercept list and forwarding is off", http.StatusForbidden)
-			return
-		}
+		http.Error(w, fmt.Sprintf("tokentap egress: the authority is %d bytes, over %d", max(len(r.Host), len(r.URL.Host)), maxAuthority), http.StatusBadRequest)
+		return
 	}
-	p.gp.ServeHTTP(w, r)
+	if !p.authorized(r) {
+		p.refuse(reasonAuth, "")
+		if r.Method == http.MethodConnect {
+			p.count("refuse")
+		}
+		w.Header().Set("Proxy-Authenticate", `Basic realm="tokentap egress"`)
+		http.Error(w, "tokentap egress: proxy authentication required", http.StatusProxyAuthRequired)
+		return
+	}
+	r.Header.Del("Proxy-Authorization") // for this proxy, never forwarded
+	if r.Method == http.MethodConnect || !r.URL.IsAbs() {
+		p.gp.ServeHTTP(w, r)
+		return
+	}
+	if r.URL.Scheme != "http" && r.URL.Scheme != "https" {
+		p.refuse(reasonBadRequest, r.URL.Host)
+		http.Error(w, "tokentap egress: only http and https URLs are forwarded", http.StatusBadRequest)
+		return
+	}
+	host, port := splitHostPort(r.URL.Host)
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[r.URL.Scheme]
+	}
+	rule, intercept, _, err := p.check(r.Context(), host, port)
+	if err != nil {
+		code, msg := failure(host, err)
+		http.Error(w, msg, code)
+		return
+	}
+	if intercept {
+		p.targets.serve(target{scheme: r.URL.Scheme, authority: targetAuthority(r.URL.Scheme, host, port), rule: rule}, w, r)
+		return
+	}
+	p.gp.ServeHTTP(w, r) // its transport dials through p.dial, which checks again
 }
 
 // serveIntercepted serves one decrypted request.
@@ -414,12 +588,27 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 }
 
 // Serve serves the proxy listener ln (and the intercepted connections)
-// until Shutdown or Close; it returns http.ErrServerClosed then.
-func (p *Proxy) Serve(ln net.Listener) error {
+// until Shutdown or Close; it returns http.ErrServerClosed then. ln's
+// address and own (the sidecar's other listeners: the reverse proxy's,
+// the admin port's) are refused as destinations, whatever the
+// allow-lists say. It warns when ln is not on loopback and there is no
+// proxy authentication.
+func (p *Proxy) Serve(ln net.Listener, own ...net.Addr) error {
+	p.guard.addOwn(append(own, ln.Addr())...)
 	p.mitmLn.addr = ln.Addr()
 	go p.mitm.Serve(p.mitmLn)
+	tunnel := "none"
+	if p.cfg.Tunnel && len(p.cfg.TunnelAllow) > 0 {
+		tunnel = strings.Join(p.cfg.TunnelAllow, ",")
+	}
 	p.log.Info("egress proxy is up: clients set HTTPS_PROXY=http://"+ln.Addr().String(), "intercept", strings.Join(p.cfg.Intercept, ","),
-		"tunnel_others", p.cfg.Tunnel, "inject_usage", p.cfg.InjectUsage, "http2", p.cfg.HTTP2)
+		"tunnel_allow", tunnel, "internal_allow", strings.Join(p.cfg.InternalAllow, ","), "auth", p.auth != nil,
+		"inject_usage", p.cfg.InjectUsage, "http2", p.cfg.HTTP2)
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); p.auth == nil && (err != nil || !ap.Addr().IsLoopback()) {
+		p.log.Warn("egress proxy listens on a non-loopback address without authentication: anyone who can reach "+ln.Addr().String()+
+			" can send requests through it to the intercepted hosts and egress.tunnel_allow; set egress.auth_file or listen on 127.0.0.1",
+			"listen", ln.Addr().String())
+	}
 	return p.front.Serve(ln)
 }
 

@@ -235,15 +235,15 @@ func TestInjectionOffIsByteForByte(t *testing.T) {
 	}
 }
 
-// A CONNECT to a host not on the list is a blind tunnel: the client
-// completes its TLS handshake with the real server's certificate (from a
-// CA the client alone trusts; the sidecar's CA never minted one), the
-// request's plaintext never crosses the sidecar in the clear, and no
-// record, metric or span appears.
+// A CONNECT to a host:port on the tunnel allow-list is a blind tunnel:
+// the client completes its TLS handshake with the real server's
+// certificate (from a CA the client alone trusts; the sidecar's CA never
+// minted one), the request's plaintext never crosses the sidecar in the
+// clear, and no record, metric or span appears.
 func TestTunnelIsBlind(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	hostedCA := newTestCA(t, "hosted API CA")
 	const secret = "tunnelled-plaintext-marker-7f3a"
-	srv, port := hosted(t, h.hosted, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, port := hosted(t, hostedCA, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if !bytes.Contains(b, []byte(secret)) {
 			t.Errorf("the tunnelled server got %q", b)
@@ -252,6 +252,7 @@ func TestTunnelIsBlind(t *testing.T) {
 		io.WriteString(w, delta(secret+"-answer"))
 		io.WriteString(w, sse("[DONE]"))
 	}), "other.test")
+	h := newHarness(t, harnessOpts{hosted: hostedCA, tunnel: []string{"other.test:" + port}})
 	// The client trusts only the hosted API's CA: an intercepted
 	// connection (a certificate from the sidecar's CA) would fail.
 	tr := &http.Transport{Proxy: http.ProxyURL(h.proxy), TLSClientConfig: &tls.Config{RootCAs: h.hosted.pool}}
@@ -353,9 +354,9 @@ func TestUntrustedUpstreamCertificate(t *testing.T) {
 }
 
 // Plain-HTTP forward requests: to a host on the list, measured like an
-// intercepted one; to any other, forwarded untouched and not recorded.
+// intercepted one; to one on the tunnel allow-list, forwarded untouched
+// and not recorded.
 func TestPlainHTTPForward(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
 	upstream := func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -375,6 +376,7 @@ func TestPlainHTTPForward(t *testing.T) {
 	go srv.Serve(ln)
 	defer srv.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	h := newHarness(t, harnessOpts{tunnel: []string{"other.test:" + port}})
 
 	c := h.client(t, false)
 	for _, host := range []string{"plain.test", "other.test"} {
@@ -581,11 +583,17 @@ func TestRecordJSONTarget(t *testing.T) {
 	}
 }
 
-// Test hosts never resolve outside loopback.
+// Test hosts never resolve outside loopback, and the test dialer dials
+// nothing else.
 func TestDialerRefusesRealHosts(t *testing.T) {
 	var d dialer
-	if _, err := d.DialContext(context.Background(), "tcp", "api.openai.com:443"); err == nil {
-		t.Fatal("the test dialer dialled a real host")
+	if _, err := d.LookupIP(context.Background(), "api.openai.com"); err == nil {
+		t.Fatal("the test resolver resolved a real host")
+	}
+	for _, addr := range []string{"api.openai.com:443", "192.0.2.1:443"} {
+		if _, err := d.DialContext(context.Background(), "tcp", addr); err == nil {
+			t.Fatalf("the test dialer dialled %s", addr)
+		}
 	}
 }
 

@@ -17,11 +17,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,8 +42,9 @@ import (
 
 // The "hosted APIs" of these tests are TLS servers on loopback with
 // certificates for test host names (*.test) from a CA of their own; the
-// sidecar's dialer resolves *.test to 127.0.0.1 and refuses anything
-// else, so no test can reach a real host.
+// sidecar's resolver resolves *.test to 127.0.0.1 (or to what a test
+// says) and refuses any other name, and its dialer dials loopback
+// addresses only, so no test can reach a real host.
 
 // testCA is a CA of the hosted APIs (not the sidecar's).
 type testCA struct {
@@ -93,30 +96,56 @@ func hosted(t *testing.T, ca *testCA, h http.Handler, hosts ...string) (*httptes
 	return s, port
 }
 
-// dialer resolves *.test to loopback and refuses every other name; it
-// keeps what crossed each connection (both ways) when record is set.
+// dialer resolves *.test to loopback (or to what resolveTo says) and
+// refuses every other name; it dials loopback addresses only, and keeps
+// every address it was asked to dial and what crossed each connection
+// (both ways).
 type dialer struct {
-	mu     sync.Mutex
-	dialed []string
-	wire   bytes.Buffer // every byte read or written on every connection
+	mu        sync.Mutex
+	resolveTo map[string][]netip.Addr // host → its n-th lookup's address (the last one repeats), instead of 127.0.0.1
+	lookups   []string
+	dialed    []string
+	wire      bytes.Buffer // every byte read or written on every connection
+}
+
+func (d *dialer) LookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, l := range d.lookups {
+		if l == host {
+			n++
+		}
+	}
+	d.lookups = append(d.lookups, host)
+	if a, ok := d.resolveTo[host]; ok {
+		return a[min(n, len(a)-1) : min(n, len(a)-1)+1], nil
+	}
+	if !strings.HasSuffix(host, ".test") {
+		return nil, fmt.Errorf("test resolver: refusing %s: tests never leave loopback", host)
+	}
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 }
 
 func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasSuffix(host, ".test") {
-		return nil, fmt.Errorf("test dialer: refusing %s: tests never leave loopback", addr)
-	}
 	d.mu.Lock()
 	d.dialed = append(d.dialed, addr)
 	d.mu.Unlock()
-	c, err := (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort("127.0.0.1", port))
+	if ap, err := netip.ParseAddrPort(addr); err != nil || !ap.Addr().IsLoopback() {
+		return nil, fmt.Errorf("test dialer: refusing %s: tests never leave loopback", addr)
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	return &wiredConn{Conn: c, d: d}, nil
+}
+
+// dials returns the addresses the dialer was asked to dial.
+func (d *dialer) dials() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.dialed...)
 }
 
 func (d *dialer) sawWire(b []byte) bool {
@@ -180,21 +209,52 @@ func (c *collect) wait(t *testing.T, n int) []*record.Record {
 // harness is an egress proxy serving on loopback, with a pipeline that
 // keeps records, Prometheus metrics and spans.
 type harness struct {
-	p       *Proxy
-	addr    string // the proxy listener
-	proxy   *url.URL
-	caFile  string // the sidecar's CA certificate (the file clients trust)
-	sink    *collect
-	metrics *exporter.Metrics
-	reg     *prometheus.Registry // egress counters
-	spans   *tracetest.SpanRecorder
-	dial    *dialer
-	hosted  *testCA
-	logs    *bytes.Buffer
+	p        *Proxy
+	addr     string // the proxy listener
+	proxy    *url.URL
+	caFile   string // the sidecar's CA certificate (the file clients trust)
+	sink     *collect
+	metrics  *exporter.Metrics
+	reg      *prometheus.Registry // egress counters
+	spans    *tracetest.SpanRecorder
+	dial     *dialer
+	hosted   *testCA
+	logs     *bytes.Buffer
+	logMu    *sync.Mutex
+	accepted *countListener // the proxy listener, counting its connections
+}
+
+// logText returns what was logged so far.
+func (h *harness) logText() string {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	return h.logs.String()
+}
+
+// countListener counts the connections it accepts.
+type countListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
 }
 
 type harnessOpts struct {
 	intercept []string
+	tunnel    []string // egress.tunnel_allow
+	internal  []string // egress.internal_allow; nil: every test host name
+	authFile  string
+	resolve   map[string][]netip.Addr
+	hosted    *testCA // the hosted APIs' CA; nil: a new one
+	debugLogs bool    // keep debug lines too
+	own       []net.Addr
+	ln        net.Listener // the proxy listener; nil: a new one on 127.0.0.1
 	noInject  bool
 	noTunnel  bool
 	http2Off  bool
@@ -207,8 +267,11 @@ type harnessOpts struct {
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
 	t.Helper()
-	h := &harness{sink: &collect{}, spans: tracetest.NewSpanRecorder(), dial: &dialer{}, hosted: newTestCA(t, "hosted API CA"),
+	h := &harness{sink: &collect{}, spans: tracetest.NewSpanRecorder(), dial: &dialer{resolveTo: o.resolve}, hosted: o.hosted,
 		reg: prometheus.NewRegistry(), logs: &bytes.Buffer{}}
+	if h.hosted == nil {
+		h.hosted = newTestCA(t, "hosted API CA")
+	}
 	h.metrics = exporter.New(exporter.Config{MaxModels: 10})
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.spans))
 	pipe := pipeline.New(pipeline.Options{Live: h.metrics, Models: h.metrics.Models(), Prometheus: h.metrics,
@@ -220,6 +283,12 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		cfg.Intercept = []string{"api.openai.test", "*.azure.test", "api.badcert.test", "plain.test"}
 	}
 	cfg.InjectUsage, cfg.Tunnel, cfg.HTTP2 = !o.noInject, !o.noTunnel, !o.http2Off
+	cfg.TunnelAllow, cfg.InternalAllow, cfg.AuthFile = o.tunnel, o.internal, o.authFile
+	if o.internal == nil {
+		// The test hosts are on loopback: allowed by name, as an
+		// operator would allow an internal host.
+		cfg.InternalAllow = []string{"api.openai.test", "*.azure.test", "api.badcert.test", "plain.test", "other.test"}
+	}
 	dir := o.caDir
 	if dir == "" {
 		dir = t.TempDir()
@@ -230,20 +299,27 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if roots == nil {
 		roots = h.hosted.pool
 	}
-	var logMu sync.Mutex
-	logw := writerFunc(func(b []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return h.logs.Write(b) })
-	p, err := New(Options{Config: cfg, Pipeline: pipe, Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	h.logMu = &sync.Mutex{}
+	logw := writerFunc(func(b []byte) (int, error) { h.logMu.Lock(); defer h.logMu.Unlock(); return h.logs.Write(b) })
+	level := slog.LevelInfo
+	if o.debugLogs {
+		level = slog.LevelDebug
+	}
+	p, err := New(Options{Config: cfg, Pipeline: pipe, Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})),
 		Clock: o.clock, Registry: h.reg, Timeout: o.timeout, BodyReadTimeout: o.bodyIdle, IdleTimeout: time.Minute,
-		DialContext: h.dial.DialContext, RootCAs: roots})
+		LookupIP: h.dial.LookupIP, DialContext: h.dial.DialContext, RootCAs: roots})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ln := o.ln
+	if ln == nil {
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- p.Serve(ln) }()
+	h.accepted = &countListener{Listener: ln}
+	go func() { done <- p.Serve(h.accepted, o.own...) }()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

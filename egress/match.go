@@ -2,8 +2,10 @@ package egress
 
 import (
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // matcher is the intercept allow-list: exact host names, and "*.domain"
@@ -67,4 +69,68 @@ func targetAuthority(scheme, host, port string) string {
 		return host
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// pattern is one entry of egress.tunnel_allow or egress.internal_allow
+// without its port: an exact host name, "*.domain" (every host under
+// domain), or an IP address (matched only by that address written as an
+// address, never by a name that resolves to it).
+type pattern struct {
+	exact  string     // a normalised host name, or ""
+	suffix string     // ".domain", or ""
+	ip     netip.Addr // the zero Addr unless the entry is an address
+}
+
+// newPattern parses an entry that config.ValidInternalEntry accepted.
+func newPattern(e string) pattern {
+	if a, err := netip.ParseAddr(e); err == nil {
+		return pattern{ip: a.Unmap()}
+	}
+	e = normalHost(e)
+	if d, ok := strings.CutPrefix(e, "*."); ok {
+		return pattern{suffix: "." + d}
+	}
+	return pattern{exact: e}
+}
+
+// match says whether host (normalised, as splitHostPort returns it)
+// matches the pattern.
+func (pt pattern) match(host string) bool {
+	if pt.ip.IsValid() {
+		a, err := netip.ParseAddr(host)
+		return err == nil && a.Unmap() == pt.ip
+	}
+	if pt.suffix != "" {
+		return strings.HasSuffix(host, pt.suffix)
+	}
+	return host == pt.exact
+}
+
+// hostPort is one egress.tunnel_allow entry: a pattern and a port.
+type hostPort struct {
+	pattern
+	port string
+}
+
+// allowed says whether host:port is on list.
+func allowed(list []hostPort, host, port string) bool {
+	for _, e := range list {
+		if e.port == port && e.match(host) {
+			return true
+		}
+	}
+	return false
+}
+
+// clip cuts s to at most n bytes, on a UTF-8 character boundary, marking
+// the cut with "...": a client's authority is echoed into answers and
+// logs, and a bounded one only.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
