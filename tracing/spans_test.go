@@ -104,8 +104,11 @@ func TestHostileStringsInSpans(t *testing.T) {
 		check("span name", sp.Name())
 		got[sp.SpanKind().String()] = sp.Name()
 		for _, kv := range sp.Attributes() {
-			vs := []string{kv.Value.Emit()}
-			if kv.Value.Type() == attribute.STRINGSLICE {
+			var vs []string
+			switch kv.Value.Type() {
+			case attribute.STRING:
+				vs = []string{kv.Value.AsString()}
+			case attribute.STRINGSLICE:
 				vs = kv.Value.AsStringSlice()
 			}
 			for _, v := range vs {
