@@ -307,8 +307,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	if maxConns == 0 {
 		maxConns = defaultMaxConnections()
 	}
-	s.pln = newLimitListener(s.pln, maxConns, metrics.Registry)
-	if err = s.newEgress(pipe, probeSecret, maxConns); err != nil {
+	limit := newConnLimit(maxConns, metrics.Registry) // shared with the egress listener
+	s.pln = limit.listener(s.pln)
+	if err = s.newEgress(pipe, probeSecret, limit); err != nil {
 		return nil, err
 	}
 	if s.aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {

@@ -6,8 +6,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tokentap/tokentap/egress"
 	"github.com/tokentap/tokentap/pipeline"
 )
@@ -15,8 +13,9 @@ import (
 // newEgress builds the egress forward proxy (docs/egress.md) beside the
 // reverse proxy when egress.listen is set: the same pipeline, the same
 // limits and timeouts (peek bytes, request timeout, idle body, header
-// and keep-alive timeouts, the connection limit), its own listener.
-func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, maxConns int) error {
+// and keep-alive timeouts), its own listener under the reverse proxy's
+// connection limit (one descriptor budget for both).
+func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *connLimit) error {
 	cfg := s.cfg
 	if cfg.Egress.Listen == "" {
 		return nil
@@ -41,18 +40,18 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, maxConn
 		return fmt.Errorf("egress listen: %w", err)
 	}
 	s.defer_(func() { ln.Close(); px.Close() })
-	// Its own bound of maxConns, counted apart from the reverse proxy's
-	// tokentap_connections_* (a private registry: the names are taken).
-	s.eln = newLimitListener(ln, maxConns, prometheus.NewRegistry())
+	s.eln = limit.listener(ln)
 	s.egress = px
 	s.addrs.Egress = s.eln.Addr().String()
 	return nil
 }
 
-// serveEgress serves the egress proxy, if there is one.
+// serveEgress serves the egress proxy, if there is one. The sidecar's
+// other listeners (the reverse proxy's, the admin port's) are refused as
+// its destinations, as its own address is.
 func (s *Sidecar) serveEgress(errc chan<- error) {
 	if s.egress != nil {
-		go func() { errc <- s.egress.Serve(s.eln) }()
+		go func() { errc <- s.egress.Serve(s.eln, s.pln.Addr(), s.aln.Addr()) }()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,9 +20,12 @@ import (
 // plain-HTTP forward request to an intercepted host goes through the same
 // pipeline as the reverse proxy's (record file, /metrics); an intercepted
 // HTTPS host whose certificate the system does not trust is refused and
-// recorded as upstream_tls; a host not on the list is tunnelled and not
-// recorded. Production dials and verifies as the system does, so the
-// hosted API here is a loopback server named localhost.
+// recorded as upstream_tls; a host:port on the tunnel allow-list is
+// tunnelled and not recorded; the admin port is refused (403, counted on
+// /metrics), by address and behind an intercepted name. Production
+// dials and verifies as the system does, so the hosted API here is a
+// loopback server named localhost, allowed by name
+// (--egress-internal-allow).
 func TestEgressWiredIntoTheSidecar(t *testing.T) {
 	up := &upstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
 	plain := httptest.NewServer(up)
@@ -29,7 +33,9 @@ func TestEgressWiredIntoTheSidecar(t *testing.T) {
 	tlsUp := httptest.NewTLSServer(up) // its certificate is from httptest's own CA
 	defer tlsUp.Close()
 	dir := t.TempDir()
+	tlsPort := strings.TrimPrefix(tlsUp.URL, "https://127.0.0.1:")
 	a, recordsPath := startSidecar(t, plain.URL, "--egress-listen", "127.0.0.1:0", "--egress-intercept", "localhost",
+		"--egress-internal-allow", "localhost,127.0.0.1", "--egress-tunnel-allow", "127.0.0.1:"+tlsPort,
 		"--egress-ca-cert", filepath.Join(dir, "ca.pem"), "--egress-ca-key", filepath.Join(dir, "ca-key.pem"))
 	if a.Egress == "" {
 		t.Fatal("no egress address")
@@ -49,7 +55,6 @@ func TestEgressWiredIntoTheSidecar(t *testing.T) {
 		return strings.NewReader(`{"model":"` + model + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	}
 	plainPort := strings.TrimPrefix(plain.URL, "http://127.0.0.1:")
-	tlsPort := strings.TrimPrefix(tlsUp.URL, "https://127.0.0.1:")
 
 	// Measured: plain HTTP to localhost.
 	resp, err := client.Post("http://localhost:"+plainPort+"/v1/chat/completions", "application/json", body("multi"))
@@ -71,13 +76,30 @@ func TestEgressWiredIntoTheSidecar(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("untrusted upstream: status %d, want 502", resp.StatusCode)
 	}
-	// Tunnelled: 127.0.0.1 is not on the list.
+	// Tunnelled: 127.0.0.1:tlsPort is on the tunnel allow-list.
 	resp, err = client.Post("https://127.0.0.1:"+tlsPort+"/v1/chat/completions", "application/json", body("error"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("tunnelled request: status %d", resp.StatusCode)
+	}
+	// Refused: the admin port, by address (not on the list) and behind
+	// an intercepted name allowed to be internal (the sidecar's own).
+	_, adminPort, _ := strings.Cut(a.Admin, ":")
+	for _, u := range []string{"http://127.0.0.1:" + adminPort + "/metrics", "http://localhost:" + adminPort + "/metrics"} {
+		resp, err = client.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || strings.Contains(string(b), "tokentap_") {
+			t.Errorf("GET %s through egress: %d %.100q, want 403", u, resp.StatusCode, b)
+		}
+	}
 
 	type egressRec struct {
 		Model     string   `json:"model"`
@@ -132,9 +154,58 @@ func TestEgressWiredIntoTheSidecar(t *testing.T) {
 		`error_type="upstream_tls"`,
 		`tokentap_egress_connects_total{action="intercept"} 1`,
 		`tokentap_egress_connects_total{action="tunnel"} 1`,
+		`tokentap_egress_refused_total{reason="not_allowed"} 1`,
+		`tokentap_egress_refused_total{reason="self"} 1`,
 	} {
 		if !strings.Contains(string(mb), want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// The egress listener and the reverse proxy's share one connection limit
+// (one descriptor budget), counted once on the sidecar's /metrics: with
+// --max-connections 1 and a client connection held open on the egress
+// port, a request to the reverse proxy gets the 503.
+func TestEgressSharesTheConnectionLimit(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"data":[]}`) }))
+	defer up.Close()
+	dir := t.TempDir()
+	a, _ := startSidecar(t, up.URL, "--max-connections", "1", "--egress-listen", "127.0.0.1:0",
+		"--egress-ca-cert", filepath.Join(dir, "ca.pem"), "--egress-ca-key", filepath.Join(dir, "ca-key.pem"))
+	metrics := func() string {
+		resp, err := http.Get("http://" + a.Admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return string(b)
+	}
+	held, err := net.Dial("tcp", a.Egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for i := 0; !strings.Contains(metrics(), "tokentap_connections_open 1\n"); i++ {
+		if i == 500 {
+			t.Fatal("the egress connection was never counted in tokentap_connections_open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + a.Proxy + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("the reverse proxy with the egress connection open: %d, want 503 (one shared limit of 1)", resp.StatusCode)
+	}
+	m := metrics()
+	for _, want := range []string{"tokentap_connections_rejected_total 1\n", "tokentap_connections_max 1\n", "tokentap_connections_open 1\n"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
 		}
 	}
 }

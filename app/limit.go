@@ -28,39 +28,55 @@ var overloaded = func() []byte {
 	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }()
 
-// limitListener accepts at most max open connections; past that it
-// answers 503 and closes the new connection at once (counted), so that a
-// flood of idle or slow clients cannot take every descriptor.
-type limitListener struct {
-	net.Listener
+// connLimit is the one bound on open client connections, shared by every
+// listener it wraps (the reverse proxy's and the egress proxy's: one
+// descriptor budget, counted once): past max open connections, a new one
+// is answered 503 and closed at once (counted), so that a flood of idle
+// or slow clients, on either listener, cannot take every descriptor.
+type connLimit struct {
 	sem      chan struct{}
 	rejected prometheus.Counter
 }
 
-func newLimitListener(ln net.Listener, max int, reg prometheus.Registerer) *limitListener {
-	l := &limitListener{Listener: ln, sem: make(chan struct{}, max),
+// newConnLimit registers the limit's series on reg.
+func newConnLimit(max int, reg prometheus.Registerer) *connLimit {
+	l := &connLimit{sem: make(chan struct{}, max),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_connections_rejected_total",
-			Help: "Client connections refused with a 503 because --max-connections were open."})}
+			Help: "Client connections (to the reverse proxy or the egress proxy) refused with a 503 because --max-connections were open."})}
 	reg.MustRegister(l.rejected,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_open", Help: "Open client connections to the proxy."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_open",
+			Help: "Open client connections to the reverse proxy and the egress proxy together."},
 			func() float64 { return float64(len(l.sem)) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_max", Help: "The --max-connections limit in force."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_max",
+			Help: "The --max-connections limit in force, shared by the reverse proxy and the egress proxy."},
 			func() float64 { return float64(cap(l.sem)) }))
 	return l
 }
 
+// listener wraps ln in the limit.
+func (l *connLimit) listener(ln net.Listener) *limitListener {
+	return &limitListener{Listener: ln, limit: l}
+}
+
+// limitListener accepts the connections its connLimit has room for.
+type limitListener struct {
+	net.Listener
+	limit *connLimit
+}
+
 // Accept returns the next connection within the limit.
 func (l *limitListener) Accept() (net.Conn, error) {
+	sem := l.limit.sem
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
 		select {
-		case l.sem <- struct{}{}:
-			return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+		case sem <- struct{}{}:
+			return &limitConn{Conn: c, release: func() { <-sem }}, nil
 		default:
-			l.rejected.Inc()
+			l.limit.rejected.Inc()
 			go func() {
 				c.SetWriteDeadline(time.Now().Add(time.Second))
 				c.Write(overloaded)

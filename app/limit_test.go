@@ -3,6 +3,7 @@ package app
 import (
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ func TestLimitConnHalfCloses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLimitListener(ln, 4, prometheus.NewRegistry())
+	l := newConnLimit(4, prometheus.NewRegistry()).listener(ln)
 	defer l.Close()
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -50,4 +51,98 @@ func TestLimitConnHalfCloses(t *testing.T) {
 	if _, err := io.ReadFull(server, b); err != nil || b[0] != 'x' {
 		t.Fatalf("server read after its CloseWrite: %q, %v", b, err)
 	}
+}
+
+// One budget for two listeners: connections to either count against the
+// same limit, a connection past it on either gets the 503, and the
+// series are those of the registry given (the sidecar's own, /metrics).
+func TestConnLimitShared(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	limit := newConnLimit(2, reg)
+	var lns []*limitListener
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := limit.listener(ln)
+		defer l.Close()
+		lns = append(lns, l)
+	}
+	var held []net.Conn
+	for _, l := range lns { // one open connection on each listener
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s)
+	}
+	// The limit is reached: a third connection, on either listener, is refused.
+	accepted := make(chan net.Conn, 2)
+	for _, l := range lns {
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+	}
+	for i, l := range lns {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(c)
+		c.Close()
+		if !strings.HasPrefix(string(b), "HTTP/1.1 503 ") {
+			t.Errorf("listener %d past the shared limit: %q, want a 503", i, b)
+		}
+	}
+	if v := gauge(t, reg, "tokentap_connections_open"); v != 2 {
+		t.Errorf("tokentap_connections_open = %v, want 2", v)
+	}
+	if v := gauge(t, reg, "tokentap_connections_max"); v != 2 {
+		t.Errorf("tokentap_connections_max = %v, want 2", v)
+	}
+	if v := gauge(t, reg, "tokentap_connections_rejected_total"); v != 2 {
+		t.Errorf("tokentap_connections_rejected_total = %v, want 2", v)
+	}
+	// A slot freed on one listener is taken on the other.
+	held[0].Close()
+	c, err := net.Dial("tcp", lns[1].Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case s := <-accepted:
+		s.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the freed slot was not taken by the other listener")
+	}
+}
+
+// gauge reads an unlabelled gauge's or counter's value from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s is not on the registry", name)
+	return 0
 }
