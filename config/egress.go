@@ -130,7 +130,7 @@ func (c *Egress) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "egress-listen", c.Listen, "egress mode: forward HTTPS proxy address (HTTPS_PROXY) that measures hosted APIs; empty = off")
 	fs.StringVar(&c.CACert, "egress-ca-cert", c.CACert, "egress: CA certificate (PEM) for intercepted hosts; generated with the key if both are absent (empty: in the user config dir)")
 	fs.StringVar(&c.CAKey, "egress-ca-key", c.CAKey, "egress: CA private key (PEM, mode 0600)")
-	fs.Var(hostList{&c.Intercept}, "egress-intercept", "egress: comma-separated hosts to decrypt and measure (*.example.com for subdomains); others are tunnelled blind")
+	fs.Var(hostList{&c.Intercept}, "egress-intercept", "egress: comma-separated hosts to decrypt and measure (*.example.com for subdomains); others are refused unless on --egress-tunnel-allow")
 	fs.BoolVar(&c.InjectUsage, "egress-inject-usage", c.InjectUsage, "egress: ask OpenAI-style streams for usage and strip it from the client's stream")
 	fs.Var(hostList{&c.TunnelAllow}, "egress-tunnel-allow", "egress: comma-separated destinations tunnelled blind: host, host:port, *.example.com[:port], IP[:port] (no port = 443); others are refused")
 	fs.Var(hostList{&c.InternalAllow}, "egress-internal-allow", "egress: comma-separated hosts (or IPs) that may resolve to loopback, link-local or private addresses")
