@@ -463,7 +463,7 @@ func TestFormatOfEveryAPI(t *testing.T) {
 	want := map[record.API]stream.Format{record.APIChat: stream.FormatOpenAI, record.APICompletions: stream.FormatOpenAI,
 		record.APIResponses: stream.FormatResponses, record.APIMessages: stream.FormatMessages,
 		record.APIOllamaChat: stream.FormatOllama, record.APIOllamaGenerate: stream.FormatOllama,
-		record.APITGIGenerate: stream.FormatTGI, record.APILlamaCppCompletion: stream.FormatLlamaCpp, record.APIOther: stream.FormatOpenAI}
+		record.APITGIGenerate: stream.FormatTGI, record.APILlamaCppCompletion: stream.FormatLlamaCpp, record.APIUpgrade: stream.FormatOpenAI, record.APIOther: stream.FormatOpenAI}
 	for _, a := range record.APIs {
 		if f, ok := want[a]; !ok || formatOf(a) != f {
 			t.Errorf("%s: format %v, want %v", a, formatOf(a), f)

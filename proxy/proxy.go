@@ -213,6 +213,12 @@ type reqState struct {
 	upstreamSent atomic.Int64
 	finished     bool
 	body         *idleBody // the client's body under BodyReadTimeout, or nil
+	// upConn is the upstream connection of a request that asks to switch
+	// protocols (httptrace's GotConn), for its half-close; nil for others.
+	upConn net.Conn
+	// upgrade is the spliced upstream connection once the upstream
+	// switched protocols (a 101); nil otherwise.
+	upgrade *upstreamConn
 	// cut ends the upstream request's context (with a cause); cancel, if
 	// not nil, releases the request timeout's.
 	cut    context.CancelCauseFunc
@@ -236,6 +242,11 @@ type reqState struct {
 // The cost is two goroutine starts per request. TestStackPerStream (app)
 // holds the bound; docs/performance.md has the memory per stream.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 2 && r.Method == "PRI" { // an h2c preface read as HTTP/1
+		refuseH2C(w)
+		return
+	}
+	declineH2C(r)
 	if p.opts.ProbeHeader != "" {
 		if v := r.Header.Get(ProbeHeaderName); v != "" {
 			r.Header.Del(ProbeHeaderName)
@@ -375,11 +386,16 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 		ctx, st.cancel = context.WithTimeout(ctx, p.opts.Timeout)
 	}
 	arrive := st.rec.Arrive
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+	trace := &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) {
 			st.upstreamSent.Store(int64(p.clock.Now().Sub(arrive)))
 		},
-	})
+	}
+	if upgradeType(r.Header) != "" {
+		// Called before RoundTrip returns, on its goroutine.
+		trace.GotConn = func(i httptrace.GotConnInfo) { st.upConn = i.Conn }
+	}
+	ctx = httptrace.WithClientTrace(ctx, trace)
 	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx
 	p.inflight.add(st, st.cut)
@@ -410,6 +426,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	st.rec.Headers = p.clock.Now()
 	st.rec.HTTPStatus = resp.StatusCode
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return p.upgrade(st, resp)
+	}
 	kind := bodyOpaque
 	api := st.info.API
 	format := formatOf(api)
@@ -455,6 +474,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	st, _ := r.Context().Value(stateKey{}).(*reqState)
 	status, etype, outcome := http.StatusBadGateway, record.ErrUpstreamConnect, record.Error
 	switch {
+	case st != nil && st.upgrade != nil:
+		// The switch was taken (a 101 with the protocol asked for), so
+		// ReverseProxy had the client's connection: writing the 101 to the
+		// client failed. Nothing more can be written to it.
+		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
 	case st != nil && st.shutDown():
 		status, etype = http.StatusServiceUnavailable, record.ErrShutdown
 	case st != nil && st.body.TimedOut():
@@ -512,6 +536,8 @@ func (p *Proxy) finish(st *reqState) {
 	switch {
 	case st.handled:
 		// the error handler decided
+	case st.upgrade != nil:
+		p.upgradeOutcome(st, now)
 	case t == nil:
 		// ReverseProxy returned without a response and without calling the
 		// error handler: the client went away before the upstream answered.

@@ -27,7 +27,7 @@ func TestConfigKnowsEveryAPI(t *testing.T) {
 func TestOperationIsBounded(t *testing.T) {
 	want := map[API]string{APIChat: "chat", APIResponses: "chat", APIMessages: "chat", APIOllamaChat: "chat",
 		APICompletions: "text_completion", APIOllamaGenerate: "text_completion", APITGIGenerate: "text_completion",
-		APILlamaCppCompletion: "text_completion", APIOther: "other", API("anything"): "other"}
+		APILlamaCppCompletion: "text_completion", APIUpgrade: "other", APIOther: "other", API("anything"): "other"}
 	for a, op := range want {
 		if got := a.Operation(); got != op {
 			t.Errorf("%s: operation %q, want %q", a, got, op)

@@ -59,12 +59,15 @@ const (
 	APIOllamaGenerate     API = "ollama_generate"     // Ollama /api/generate
 	APITGIGenerate        API = "tgi_generate"        // TGI /generate_stream, /generate
 	APILlamaCppCompletion API = "llamacpp_completion" // llama.cpp /completion
-	APIOther              API = "other"
+	// APIUpgrade is a connection that switched protocols (a 101: a
+	// WebSocket), spliced and not parsed: one record per connection.
+	APIUpgrade API = "upgrade"
+	APIOther   API = "other"
 )
 
 // APIs lists every API, APIOther last.
 var APIs = []API{APIChat, APICompletions, APIResponses, APIMessages, APIOllamaChat, APIOllamaGenerate,
-	APITGIGenerate, APILlamaCppCompletion, APIOther}
+	APITGIGenerate, APILlamaCppCompletion, APIUpgrade, APIOther}
 
 // Operation returns the gen_ai.operation.name for the API: one of the
 // OTel GenAI well-known values (chat, text_completion), so that the
