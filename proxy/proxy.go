@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -163,10 +164,14 @@ func New(opts Options) (*Proxy, error) {
 	p := &Proxy{opts: opts, clock: opts.Clock, log: opts.Logger, idpfx: hex.EncodeToString(b[:])}
 	p.SetEngine(opts.Engine)
 	up := opts.Upstream
+	basic := basicAuth(up)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(up)
+			pr.SetURL(up) // the URL's user and password are not copied: basic
 			pr.Out.Host = up.Host
+			if basic != "" && len(pr.Out.Header["Authorization"]) == 0 {
+				pr.Out.Header["Authorization"] = []string{basic}
+			}
 			// Our client span's context replaces the client's traceparent
 			// (which is its parent's), so the engine's spans join under it.
 			p.opts.Pipeline.Inject(pr.Out.Context(), pr.Out.Header)
@@ -179,6 +184,18 @@ func New(opts Options) (*Proxy, error) {
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return p, nil
+}
+
+// basicAuth is the Authorization header value for the credentials in the
+// upstream URL (http://user:pass@host), or "" when it has none. Proxied
+// requests carry it unless the client sent an Authorization of its own,
+// as the sidecar's own calls to the engine (health, models, metrics) do.
+func basicAuth(u *url.URL) string {
+	if u.User == nil {
+		return ""
+	}
+	pw, _ := u.User.Password()
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+pw))
 }
 
 // SetEngine tells the proxy which engine it is in front of (the kind app
@@ -489,6 +506,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
 		etype = record.ErrUpstreamTLS
+	case st != nil && st.upstreamSent.Load() > 0:
+		// The request was written: the engine was reached, and the
+		// connection broke (or the answer was not HTTP) before the
+		// response headers, as when an engine dies with requests queued.
+		etype = record.ErrUpstreamReset
 	}
 	p.log.Warn("upstream request failed", "err", err, "outcome", outcome)
 	if status != 0 {
