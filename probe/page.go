@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,13 +64,19 @@ var pageTmpl = template.Must(template.New("probes").Funcs(template.FuncMap{
 		}
 		return template.HTMLEscapeString(strings.TrimRight(strings.TrimRight(fmtF(*f), "0"), "."))
 	},
+	"count": func(n *int64) string {
+		if n == nil {
+			return "–"
+		}
+		return strconv.FormatInt(*n, 10)
+	},
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap probes</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}.failed,.not_sent{color:#b00}.success{color:#070}</style></head><body>
 <h1>Canary probes</h1><p>Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
 {{range .Probes}}<h2>{{.Name}}</h2><p>{{.API}} → {{.Target}}, {{.Schedule}} every {{.IntervalSeconds}} s; {{.ConsecutiveFailures}} failures in a row.
 {{with .LastFailure}}Last failure: {{.Scheduled.Format "15:04:05"}} HTTP {{.HTTPStatus}} {{.Failure}} {{.Detail}}{{end}}</p>
 <table><tr><th>scheduled</th><th>lag ms</th><th>result</th><th>outcome</th><th>HTTP</th><th>TTFT ms</th><th>E2E ms</th><th>tokens</th><th>failure</th></tr>
-{{range .Recent}}<tr><td>{{.Scheduled.Format "15:04:05.000"}}</td><td>{{.LagMS}}</td><td class="{{.Result}}">{{.Result}}</td><td>{{.Outcome}}</td><td>{{.HTTPStatus}}</td><td>{{ms .TTFTMS}}</td><td>{{ms .E2EMS}}</td><td>{{.OutputTokens}}</td><td>{{.Failure}}</td></tr>{{end}}
+{{range .Recent}}<tr><td>{{.Scheduled.Format "15:04:05.000"}}</td><td>{{.LagMS}}</td><td class="{{.Result}}">{{.Result}}</td><td>{{.Outcome}}</td><td>{{.HTTPStatus}}</td><td>{{ms .TTFTMS}}</td><td>{{ms .E2EMS}}</td><td>{{count .OutputTokens}}</td><td>{{.Failure}}</td></tr>{{end}}
 </table>{{end}}</body></html>`))
 
 func fmtF(f float64) string { b, _ := json.Marshal(f); return string(b) }

@@ -3,6 +3,8 @@ package probe
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,8 +12,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +54,10 @@ type Prober struct {
 	log   *slog.Logger
 	rng   *rand.Rand
 	rngMu sync.Mutex
+	// idpfx and seq make every probe record's id, sent or not: one
+	// scheme, as live records' (a random prefix and a sequence number).
+	idpfx string
+	seq   atomic.Uint64
 
 	success, duration, consecutive *prometheus.GaugeVec
 	scheduled                      *prometheus.CounterVec
@@ -82,7 +90,7 @@ type Result struct {
 	Detail       string    `json:"detail,omitempty"` // the failing response's error text, bounded
 	TTFTMS       *float64  `json:"ttft_ms"`
 	E2EMS        *float64  `json:"e2e_ms"`
-	OutputTokens int64     `json:"output_tokens"`
+	OutputTokens *int64    `json:"output_tokens"` // nil (null) when unknown, as in records
 	RecordID     string    `json:"record_id,omitempty"`
 	Prompt       string    `json:"prompt,omitempty"` // only with record_prompt
 }
@@ -108,7 +116,10 @@ func New(opts Options) *Prober {
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
 	}
-	p := &Prober{opts: opts, cfg: opts.Config, log: opts.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	p := &Prober{opts: opts, cfg: opts.Config, log: opts.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		idpfx: hex.EncodeToString(b[:])}
 	l := []string{"probe"}
 	p.success = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "probe_success", Help: "1 if the last probe succeeded (outcome success and every quality check passed), else 0; as blackbox_exporter's."}, l)
 	p.duration = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "probe_duration_seconds", Help: "End-to-end latency of the last probe sent."}, l)
@@ -209,13 +220,19 @@ func (p *Prober) fire(ctx context.Context, s *defState, at time.Time, wg *sync.W
 func (p *Prober) skip(s *defState, at time.Time, reason string) {
 	d := &s.def
 	r := record.New(0)
-	r.ID = "probe-" + d.Name + "-" + at.UTC().Format("20060102T150405.000000000")
+	r.ID = p.nextID()
 	r.Arrive, r.Traffic, r.API, r.Model, r.Stream = at, "canary", record.API(d.API), d.Model, *d.Stream
 	r.Outcome, r.ErrorType, r.TokenSource = record.NotSent, reason, "none"
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: at, Result: ResultNotSent, Failure: "not sent: " + reason}
 	p.opts.Pipeline.Record(r)
 	p.notSent.WithLabelValues(d.Name, reason).Inc()
 	p.finish(s, Result{Probe: d.Name, Scheduled: at, Result: ResultNotSent, Outcome: ResultNotSent, Failure: "not sent: " + reason, RecordID: r.ID})
+}
+
+// nextID returns the next probe record's id: the prober's random prefix
+// and its sequence number, for probes sent and not sent alike.
+func (p *Prober) nextID() string {
+	return p.idpfx + "-" + strconv.FormatUint(p.seq.Add(1), 10)
 }
 
 func (p *Prober) finish(s *defState, res Result) {
@@ -290,7 +307,7 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	cw := &capture{h: http.Header{}}
 	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
 	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
-		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: engineOf(d.API)})
+		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: engineOf(d.API), NextID: p.nextID})
 	if err != nil {
 		p.log.Error("probe", "probe", d.Name, "err", err)
 		return
@@ -342,7 +359,11 @@ type observer struct {
 func (o *observer) check(r *record.Record) {
 	d := &o.s.def
 	res := Result{Probe: d.Name, Scheduled: o.scheduled, Sent: o.sent, LagMS: msf(o.sent.Sub(o.scheduled)),
-		Outcome: string(r.Outcome), HTTPStatus: r.HTTPStatus, ErrorType: r.ErrorType, OutputTokens: r.OutputTokens, RecordID: r.ID}
+		Outcome: string(r.Outcome), HTTPStatus: r.HTTPStatus, ErrorType: r.ErrorType, RecordID: r.ID}
+	if r.OutputTokens >= 0 {
+		n := r.OutputTokens
+		res.OutputTokens = &n
+	}
 	if v, ok := r.TTFT(); ok {
 		f := msf(v)
 		res.TTFTMS = &f

@@ -68,6 +68,10 @@ type Options struct {
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
 	Probe string
+	// NextID, if set, gives each record its id: the canary prober shares
+	// one sequence across the proxies it builds. Nil: this proxy's random
+	// prefix and sequence number.
+	NextID func() string
 	// Check, if set, runs on every finished record first in the
 	// pipeline's end stages (the canary probe's quality check).
 	Check func(*record.Record)
@@ -433,6 +437,9 @@ func (p *Proxy) end(st *reqState) {
 }
 
 func (p *Proxy) nextID() string {
+	if p.opts.NextID != nil {
+		return p.opts.NextID()
+	}
 	return p.idpfx + "-" + strconv.FormatUint(p.seq.Add(1), 10)
 }
 
