@@ -615,11 +615,11 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		rec.Outcome = record.Success
 	case t.eof:
 		// A clean EOF ends a non-streaming body; it ends a stream
-		// successfully only after a finish reason: a stream cut short
-		// with neither the end marker nor a finish reason is a truncated
-		// generation (docs/measurement.md §3).
+		// successfully only after a finish reason (of every choice, for
+		// n > 1): a stream cut short with neither the end marker nor a
+		// finish reason is a truncated generation (docs/measurement.md §3).
 		switch {
-		case !t.kind.streamed() || rec.FinishReason != "":
+		case !t.kind.streamed() || t.allFinished():
 			rec.Outcome = record.Success
 		// A stream that ended cleanly without a finish reason because
 		// the sidecar or the client ended it (an upstream may close

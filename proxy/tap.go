@@ -131,6 +131,7 @@ type tap struct {
 	idTokens    int64              // per-event token counts summed
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
 	perEventAll bool
+	ch          choiceTrack // the response's choices (choices.go)
 }
 
 type queued struct {
@@ -382,7 +383,28 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 	if c.Engine.Known != 0 {
 		mergeEngine(&rec.Engine, c.Engine)
 	}
-	if len(c.FinishReason) > 0 && rec.FinishReason != string(c.FinishReason) {
+	if c.ChoicesData != nil { // several choices in one payload: each its own
+		t.eachChoice(c, at)
+	} else {
+		t.applyChoice(c, at)
+	}
+	if c.Done {
+		t.done = true
+		rec.Terminal = at
+	}
+}
+
+// applyChoice folds what one choice of a payload said (the payload's
+// only choice, or every format's payload, which has none) into the
+// record: its finish reason and its token event.
+func (t *tap) applyChoice(c *stream.Chunk, at time.Time) {
+	rec := t.st.rec
+	split := c.Choices > 0 && t.choice(c.Index)
+	switch {
+	case len(c.FinishReason) == 0:
+	case split:
+		t.finishChoice(c.Index, c.FinishReason)
+	case rec.FinishReason != string(c.FinishReason):
 		rec.FinishReason = string(c.FinishReason)
 	}
 	if c.TokenBearing() && t.kind.streamed() {
@@ -398,13 +420,16 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 			t.tokensFrom = c.TokensFrom
 		}
 		t.st.obs.Tokens(max(c.Tokens, 1))
-		if gap, ok := rec.AddToken(at, c.Tokens, c.Output); ok {
+		var gap time.Duration
+		var ok bool
+		if split {
+			gap, ok = rec.AddChoiceToken(t.ch.slot, at, c.Tokens, c.Output)
+		} else {
+			gap, ok = rec.AddToken(at, c.Tokens, c.Output)
+		}
+		if ok {
 			t.st.obs.Gap(gap)
 		}
-	}
-	if c.Done {
-		t.done = true
-		rec.Terminal = at
 	}
 }
 
