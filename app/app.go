@@ -143,6 +143,7 @@ type Sidecar struct {
 	sampler  *gpu.Sampler
 	engine   *engine.Scraper // nil when engine.enabled is off
 	proxy    *proxy.Proxy
+	ends     proxy.Ends // the proxy's end-of-request stages still running
 	ready    *readiness
 	upInfo   *upstreamInfo
 	prober   *probe.Prober
@@ -295,6 +296,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		PeekBytes:       cfg.PeekBytes,
 		Timeout:         cfg.Timeout,
 		BodyReadTimeout: cfg.BodyReadTimeout,
+		Ends:            &s.ends,
 	})
 	if err != nil {
 		return nil, err
@@ -499,6 +501,14 @@ wait:
 		dcancel()
 	}
 	cut += <-egressCut
+	// The end stages of the last requests run after their responses
+	// (proxy.Options.Ends): their records are published before the
+	// sampler, the engine scraper and the sinks stop.
+	ectx, ecancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := s.ends.Wait(ectx); err != nil {
+		log.Warn("shutdown: the end of some requests did not finish; their records may be lost", "err", err)
+	}
+	ecancel()
 	stopEngine() // after the last streams: their records had the engine's history
 	<-engineDone
 	stopSampler() // the last interval is attributed and held records published

@@ -21,6 +21,7 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
+	"runtime/debug"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -90,6 +91,14 @@ type Options struct {
 	// (record.Target, record.TargetRule; package egress). "" for the
 	// reverse proxy.
 	Target, TargetRule string
+	// Ends, if set, runs each request's end-of-request stages (the
+	// pipeline's End: SLO verdicts, spans, metrics, sinks) on a goroutine
+	// of their own, after the handler has returned, so that the client's
+	// response completes first; they are counted in Ends, and shutdown
+	// waits for them with Ends.Wait. Several proxies may share one. Nil
+	// runs them before ServeHTTP returns (the canary probe reads its
+	// check's result then).
+	Ends *Ends
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -260,8 +269,10 @@ type reqState struct {
 // goroutine, the deep calls left every stream in flight, and every
 // keep-alive connection after its first request, with a 16 KiB stack
 // that never shrank; run apart, the connection's stack stays at 8 KiB.
-// The cost is two goroutine starts per request. TestStackPerStream (app)
-// holds the bound; docs/performance.md has the memory per stream.
+// The cost is two goroutine starts per request, three with Options.Ends
+// (the end stages run on a third, after the response).
+// TestStackPerStream (app) holds the bound; docs/performance.md has the
+// memory per stream.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 2 && r.Method == "PRI" { // an h2c preface read as HTTP/1
 		refuseH2C(w)
@@ -290,7 +301,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		return // answered already: the client's body broke
 	}
-	defer onOwnStack(func() { p.end(st) }) // also when ReverseProxy panics with http.ErrAbortHandler
+	defer p.end(st) // also when ReverseProxy panics with http.ErrAbortHandler
 	p.rp.ServeHTTP(w, out)
 }
 
@@ -344,7 +355,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, status
 				http.Error(w, "tokentap: reading request body: "+err.Error(), status)
 			}
-			q.End(rec, nil)
+			p.endStages(q, rec, nil)
 			return nil, pipeline.Start{}
 		}
 		info, r.Body = in, body
@@ -423,17 +434,44 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	return r.WithContext(ctx)
 }
 
-// end releases what begin set up, in this order: the request's end
-// (finish), its place among those in flight, its contexts.
+// end ends a request whose response is over, in this order: its record
+// settled (finish), its place among those in flight and its contexts
+// released, then the pipeline's end stages (endStages). All but the
+// stages are done when end returns; see ServeHTTP's design note for why
+// on another goroutine.
 func (p *Proxy) end(st *reqState) {
-	defer func() {
+	onOwnStack(func() {
+		captured := p.finish(st)
+		p.inflight.remove(st)
 		st.cut(nil)
 		if st.cancel != nil {
 			st.cancel()
 		}
+		p.endStages(st.obs, st.rec, captured)
+	})
+}
+
+// endStages runs the pipeline's end stages on a settled record: on a
+// goroutine of their own, counted in Options.Ends, when it is set (the
+// client's response completes meanwhile: net/http ends it when the
+// handler returns); before it returns otherwise. A panic in a stage on
+// its own goroutine is logged, as net/http logs a handler's.
+func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []byte) {
+	e := p.opts.Ends
+	if e == nil {
+		q.End(rec, captured)
+		return
+	}
+	e.add()
+	go func() {
+		defer e.done()
+		defer func() {
+			if v := recover(); v != nil {
+				p.log.Error("end of request panicked", "id", rec.ID, "panic", v, "stack", string(debug.Stack()))
+			}
+		}()
+		q.End(rec, captured)
 	}()
-	defer p.inflight.remove(st)
-	p.finish(st)
 }
 
 func (p *Proxy) nextID() string {
@@ -546,11 +584,13 @@ func upstreamTLS(err error) bool {
 	return errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &header)
 }
 
-// finish decides the outcome and hands the record on. docs/measurement.md §3:
-// every request that arrived gets exactly one outcome.
-func (p *Proxy) finish(st *reqState) {
+// finish decides the outcome and settles the record for the pipeline's
+// end stages; it returns the response body kept for content capture, or
+// nil. docs/measurement.md §3: every request that arrived gets exactly
+// one outcome.
+func (p *Proxy) finish(st *reqState) []byte {
 	if st.finished {
-		return
+		return nil
 	}
 	st.finished = true
 	rec := st.rec
@@ -575,11 +615,10 @@ func (p *Proxy) finish(st *reqState) {
 		p.outcome(st, t, now)
 	}
 	p.tokens(st)
-	var captured []byte
 	if t != nil {
-		captured = t.captured
+		return t.captured
 	}
-	st.obs.End(rec, captured) // the pipeline's stages, in order (package pipeline)
+	return nil
 }
 
 func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
