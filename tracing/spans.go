@@ -253,8 +253,12 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	switch {
 	case rec.Outcome != record.Success && rec.Stream && rec.TokenEvents() > 0:
 		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{"error"})) // ended early
-	case rec.FinishReason != "":
-		add(attribute.StringSlice("gen_ai.response.finish_reasons", []string{safe.String(rec.FinishReason, 0)}))
+	case rec.FinishReason != "" || len(rec.Choices) > 0: // one per choice
+		reasons := rec.FinishReasons()
+		for i := range reasons {
+			reasons[i] = safe.String(reasons[i], 0)
+		}
+		add(attribute.StringSlice("gen_ai.response.finish_reasons", reasons))
 	}
 	if rec.InputTokens >= 0 {
 		add(attribute.Int64("gen_ai.usage.input_tokens", rec.InputTokens))
@@ -281,7 +285,8 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	secs("tokentap.tpot", d, ok)
 	d, ok = rec.E2E()
 	secs("tokentap.e2e", d, ok)
-	secs("tokentap.max_itl", rec.MaxGap, rec.TokenEvents() >= 2)
+	d, ok = rec.MaxITL()
+	secs("tokentap.max_itl", d, ok)
 	add(attribute.String("tokentap.outcome", string(rec.Outcome)),
 		attribute.String("tokentap.token_source", rec.TokenSource),
 		attribute.String("tokentap.traffic", rec.Traffic),
