@@ -74,11 +74,20 @@ type Sampler struct {
 	learned bool
 	stopped bool // after Run: records are written at once, nothing is held
 
+	// queue carries held requests from the sampler's goroutine to the
+	// publisher while Run runs (nil otherwise: Tick's caller publishes);
+	// queueLen is its capacity. spill counts the goroutines publishing
+	// what found it full.
+	queue    chan *Req
+	queueLen int
+	spill    sync.WaitGroup
+
 	energy, power, util, memUsed, smClock, memClock, temp, throttle, peakBW *prometheus.GaugeVec
 	energyTotal                                                             *prometheus.CounterVec
 	readErrors, resets                                                      *prometheus.CounterVec
 	attributed, unattributed, idle                                          prometheus.Counter
 	idleGauge, lag                                                          prometheus.Gauge
+	queueFull                                                               prometheus.Counter
 	ceiling                                                                 *prometheus.GaugeVec
 }
 
@@ -87,6 +96,11 @@ type sample struct {
 	r  Reading
 	at time.Time // when it was read
 }
+
+// publishQueue is how many held requests wait for the publisher at most
+// (8 bytes each): a burst of 4,096 requests ending in one interval passes
+// without spilling (docs/energy.md, "Publishing off the sampler").
+const publishQueue = 4096
 
 // NewSampler returns a sampler of src's GPUs; reg (nil: none) receives
 // its metrics. A request tracked with Start is held at its end (Hold)
@@ -99,7 +113,7 @@ func NewSampler(src Source, cfg Config, reg prometheus.Registerer) *Sampler {
 		cfg.PrefillWeight = 0.1
 	}
 	s := &Sampler{src: src, cfg: cfg, clock: time.Now, active: map[*Req]struct{}{},
-		prev: make([]sample, len(src.Devices())), idleW: cfg.IdlePowerWatts, learned: cfg.IdlePowerWatts > 0}
+		prev: make([]sample, len(src.Devices())), queueLen: publishQueue, idleW: cfg.IdlePowerWatts, learned: cfg.IdlePowerWatts > 0}
 	for _, d := range src.Devices() {
 		s.bw += d.PeakMemBandwidth()
 	}
@@ -123,10 +137,11 @@ func NewSampler(src Source, cfg Config, reg prometheus.Registerer) *Sampler {
 	s.idle = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_energy_idle_joules_total", Help: "Energy of intervals with no request in flight."})
 	s.idleGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokentap_gpu_idle_power_watts", Help: "Idle baseline of the selected GPUs together: configured, or learned from intervals with no request in flight (EWMA). Dynamic J/token subtracts it."})
 	s.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokentap_energy_sampling_lag_seconds", Help: "How late the last sample was against its schedule."})
+	s.queueFull = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_energy_publish_queue_full_total", Help: "Held records that found the energy publish queue full: published on a goroutine started for them, never dropped, the sampler not delayed."})
 	s.ceiling = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokentap_decode_ceiling_tokens_per_second", Help: "Single-request decode ceiling at zero context: peak memory bandwidth / weight bytes."}, []string{"gen_ai_request_model"})
 	if reg != nil {
 		reg.MustRegister(s.energy, s.power, s.util, s.memUsed, s.smClock, s.memClock, s.temp, s.throttle, s.peakBW,
-			s.energyTotal, s.readErrors, s.resets, s.attributed, s.unattributed, s.idle, s.idleGauge, s.lag, s.ceiling)
+			s.energyTotal, s.readErrors, s.resets, s.attributed, s.unattributed, s.idle, s.idleGauge, s.lag, s.queueFull, s.ceiling)
 	}
 	for _, d := range src.Devices() {
 		s.peakBW.WithLabelValues(gpuLabels(d)...).Set(d.PeakMemBandwidth())
@@ -153,8 +168,9 @@ func (s *Sampler) Start(prefillTokens int64) *Req {
 
 // Hold is called once when r's request has ended, with its finished
 // record (which must not change until then is called). then receives the
-// request's energy once the interval it ended in has been attributed, on
-// the sampler's goroutine; after Run has returned, at once.
+// request's energy once the interval it ended in has been attributed: on
+// Run's publisher goroutine (never the sampler's), on Tick's caller when
+// Run is not running, and at once after Run has returned.
 func (s *Sampler) Hold(r *Req, rec *record.Record, then func(Attribution)) {
 	s.mu.Lock()
 	r.done, r.rec, r.then = true, rec, then
@@ -169,8 +185,21 @@ func (s *Sampler) Hold(r *Req, rec *record.Record, then func(Attribution)) {
 }
 
 // Run samples every interval until ctx is done, then attributes the last
-// partial interval and flushes every held record.
+// partial interval and flushes every held record. The held records are
+// handed to a publisher goroutine through a bounded queue, so that their
+// publication (spans, metrics, sinks) never delays a sample; when the
+// queue is full, a tick's overflow is published on a goroutine of its own
+// and counted. Run returns once every record it held has been published.
+// Run is called at most once.
 func (s *Sampler) Run(ctx context.Context) {
+	s.queue = make(chan *Req, s.queueLen)
+	published := make(chan struct{})
+	go func() {
+		for r := range s.queue {
+			s.finish(r)
+		}
+		close(published)
+	}()
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	s.Tick(s.clock())
@@ -180,6 +209,9 @@ func (s *Sampler) Run(ctx context.Context) {
 		case <-ctx.Done():
 			s.Tick(s.clock())
 			s.flush()
+			close(s.queue)
+			<-published
+			s.spill.Wait()
 			return
 		case <-t.C:
 		}
@@ -191,7 +223,9 @@ func (s *Sampler) Run(ctx context.Context) {
 }
 
 // Tick samples every GPU at now and attributes the interval since the
-// last tick.
+// last tick. The requests whose last interval this was are handed to
+// Run's publisher, or published before Tick returns when Run is not
+// running.
 func (s *Sampler) Tick(now time.Time) {
 	var dE float64
 	var src uint8
@@ -265,8 +299,35 @@ func (s *Sampler) delta(d DeviceInfo, p *sample, r Reading, now time.Time) (floa
 // interval its first token came in. With no request in flight the energy
 // is idle and teaches the idle baseline.
 func (s *Sampler) attribute(dE, dt float64, src uint8, have bool) {
-	for _, r := range s.attributeLocked(dE, dt, src, have) {
-		s.finish(r)
+	s.publish(s.attributeLocked(dE, dt, src, have))
+}
+
+// publish hands the finished requests to the publisher without waiting:
+// what does not fit in the queue is counted and published on a goroutine
+// of its own, never dropped. Without Run, it publishes them itself.
+func (s *Sampler) publish(done []*Req) {
+	if s.queue == nil {
+		for _, r := range done {
+			s.finish(r)
+		}
+		return
+	}
+	for i, r := range done {
+		select {
+		case s.queue <- r:
+			continue
+		default:
+		}
+		over := done[i:]
+		s.queueFull.Add(float64(len(over)))
+		s.spill.Add(1)
+		go func() {
+			defer s.spill.Done()
+			for _, r := range over {
+				s.finish(r)
+			}
+		}()
+		return
 	}
 }
 
@@ -364,7 +425,5 @@ func (s *Sampler) flush() {
 	s.stopped = true
 	done := s.takeDone()
 	s.mu.Unlock()
-	for _, r := range done {
-		s.finish(r)
-	}
+	s.publish(done)
 }
