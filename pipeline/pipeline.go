@@ -15,7 +15,8 @@
 //
 // Stages 1-3 run on the request's goroutine. With energy on, 5-7 run
 // when the sampler has attributed the interval the request ended in, on
-// the sampler's goroutine; nothing writes the record after stage 4.
+// the sampler's publisher goroutine (never the sampler's own: see
+// gpu.Sampler.Run); nothing writes the record after stage 4.
 package pipeline
 
 import (
@@ -206,7 +207,7 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 		rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
 	}
 	// 4. Energy: held until the interval the request ended in is
-	// attributed; the rest continues then, on the sampler's goroutine.
+	// attributed; the rest continues then, on the sampler's publisher.
 	if q.energy != nil {
 		p.o.Energy.Hold(q.energy, rec, func(a gpu.Attribution) {
 			rec.EnergyJ, rec.EnergyDynamicJ, rec.EnergySource, rec.DecodeSOL = a.EnergyJ, a.DynamicJ, a.Source, a.DecodeSOL
