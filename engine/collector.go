@@ -72,7 +72,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if s.reason == ReasonOK || s.reason == ReasonAPIPS {
 		up = 1
 	}
-	eng := s.kind.label()
+	eng := s.kind.Label()
 	ch <- prometheus.MustNewConstMetric(dUp, prometheus.GaugeValue, up, eng, s.reason)
 	ch <- prometheus.MustNewConstMetric(dDuration, prometheus.GaugeValue, s.duration)
 	snap := s.snap

@@ -227,7 +227,7 @@ func (s *Scraper) say(res result) {
 	s.said = state
 	switch state {
 	case ReasonOK:
-		s.log.Info("engine metrics scraped", "engine", s.kind.label(), "url", s.url(res.path), "interval", s.cfg.Interval)
+		s.log.Info("engine metrics scraped", "engine", s.kind.Label(), "url", s.url(res.path), "interval", s.cfg.Interval)
 	case ReasonAPIPS:
 		s.log.Info("engine has no Prometheus metrics; reading loaded models and VRAM from /api/ps (Ollama)", "url", s.url(res.path))
 	default:

@@ -3,7 +3,6 @@ package engine
 import (
 	"math"
 	"sort"
-	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 )
@@ -25,35 +24,12 @@ const (
 	Simulator Kind = "simulator" // the built-in engine: vLLM's names
 )
 
-// label is the value of the engine label: "unknown" before detection.
-func (k Kind) label() string {
+// Label is the value of the engine label: "unknown" for Unknown.
+func (k Kind) Label() string {
 	if k == Unknown {
 		return "unknown"
 	}
 	return string(k)
-}
-
-// prefixes detect the engine from its metric names, in this order: a
-// Dynamo worker also exports its engine's own names, which win.
-var prefixes = []struct {
-	prefix string
-	kind   Kind
-}{
-	{"vllm:", VLLM}, {"sglang:", SGLang}, {"trtllm_", TRTLLM}, {"tgi_", TGI}, {"llamacpp:", LlamaCpp},
-	{"dynamo_frontend_", Dynamo}, {"dynamo_component_", Dynamo},
-}
-
-// Detect returns the engine whose metric name prefix appears among the
-// families, or Unknown.
-func Detect(fams map[string]*dto.MetricFamily) Kind {
-	for _, p := range prefixes {
-		for name := range fams {
-			if strings.HasPrefix(name, p.prefix) {
-				return p.kind
-			}
-		}
-	}
-	return Unknown
 }
 
 // The normalised series, by the suffix of their name after
