@@ -109,6 +109,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	waitLoad(t, s.Config.Handler.(*Server).Engine, func(running, waiting int) bool { return running+waiting == 0 })
 	resp, err = http.Get(s.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)

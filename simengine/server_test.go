@@ -107,11 +107,22 @@ func TestMidStreamErrorAfter200(t *testing.T) {
 func TestNonStreamingAndRejection(t *testing.T) {
 	cfg := fast()
 	cfg.MaxBatch, cfg.MaxQueue = 1, 0
-	cfg.DecodeBase = 50 * time.Millisecond
 	s := serve(t, cfg)
-	// Occupy the only slot with a long request.
-	go http.Post(s.URL+"/v1/completions", "application/json", strings.NewReader(`{"max_tokens":20,"prompt":"x"}`))
-	time.Sleep(20 * time.Millisecond)
+	e := s.Config.Handler.(*Server).Engine
+	// Occupy the only slot with a request that runs until it is cancelled
+	// (10,000 tokens at 1 ms): the engine's own count says when it holds
+	// the slot, so no sleep guesses how long the machine takes.
+	ctx, cancel := context.WithCancel(context.Background())
+	long, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/v1/completions", strings.NewReader(`{"max_tokens":10000,"ignore_eos":true,"prompt":"x"}`))
+	longDone := make(chan struct{})
+	go func() {
+		if resp, err := http.DefaultClient.Do(long); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		close(longDone)
+	}()
+	waitLoad(t, e, func(running, waiting int) bool { return running+waiting == 1 })
 	resp, err := http.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"max_tokens":2,"messages":[]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +132,9 @@ func TestNonStreamingAndRejection(t *testing.T) {
 	if resp.StatusCode != 429 || !strings.Contains(string(b), "overloaded") {
 		t.Fatalf("status %d %s, want 429 overloaded", resp.StatusCode, b)
 	}
-	time.Sleep(1100 * time.Millisecond) // the long request ends (20 × 50 ms)
+	cancel() // the long request ends: the engine aborts it and frees the slot
+	<-longDone
+	waitLoad(t, e, func(running, waiting int) bool { return running+waiting == 0 })
 	resp, err = http.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"max_tokens":2,"messages":[]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -136,5 +149,23 @@ func TestNonStreamingAndRejection(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || out.Object != "chat.completion" || out.Usage.CompletionTokens != 2 {
 		t.Fatalf("status %d %+v", resp.StatusCode, out)
+	}
+}
+
+// waitLoad waits until the engine's running and waiting counts satisfy
+// ok: the engine updates them after it has handed a request its last
+// event, so a client can finish reading before they change. The bound
+// (10 s) only stops a hang; it measures nothing.
+func waitLoad(t *testing.T, e *Engine, ok func(running, waiting int) bool) {
+	t.Helper()
+	for i := 0; ; i++ {
+		running, waiting := e.Load()
+		if ok(running, waiting) {
+			return
+		}
+		if i == 10_000 {
+			t.Fatalf("the engine's load stayed at %d running, %d waiting", running, waiting)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
