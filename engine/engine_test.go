@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,24 @@ func engineServer(t *testing.T, path, contentType string, body func() string) *h
 	}))
 	t.Cleanup(s.Close)
 	return s
+}
+
+// handlerClient serves requests with h in memory, no network: inside a
+// synctest bubble a handler that waits on its request's context waits
+// on the bubble's clock, and the scrapes' timeouts are exact.
+func handlerClient(h http.HandlerFunc) *http.Client {
+	return &http.Client{Transport: handlerTransport(h)}
+}
+
+type handlerTransport http.HandlerFunc
+
+func (h handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	w := httptest.NewRecorder()
+	h(w, r)
+	if err := r.Context().Err(); err != nil {
+		return nil, err
+	}
+	return w.Result(), nil
 }
 
 func fixture(t *testing.T, name string) string {
@@ -325,15 +344,23 @@ func TestQueueSpikeCause(t *testing.T) {
 // engine with no metrics at all is said once and counted as no_metrics;
 // Ollama is read through /api/ps.
 func TestFailuresAndFallbacks(t *testing.T) {
+	// In a synctest bubble, scraping in memory: the hung engine is timed
+	// out by the bubble's clock, and the other scrapes cannot be (the
+	// 100 ms timeout used to apply to real scrapes of a loopback server,
+	// which a busy machine can take longer than).
+	synctest.Test(t, testFailuresAndFallbacks)
+}
+
+func testFailuresAndFallbacks(t *testing.T) {
 	var mu sync.Mutex
 	status := 200
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		st := status
 		mu.Unlock()
 		switch {
 		case st == 0:
-			time.Sleep(300 * time.Millisecond)
+			<-r.Context().Done() // hung: past the scrape's timeout
 		case r.URL.Path == "/metrics" && st == 200:
 			fmt.Fprint(w, "vllm:num_requests_running 1\n")
 		case r.URL.Path == "/metrics" && st == 500:
@@ -343,10 +370,12 @@ func TestFailuresAndFallbacks(t *testing.T) {
 		default:
 			http.NotFound(w, r)
 		}
-	}))
-	defer srv.Close()
+	}
 	reg := prometheus.NewRegistry()
-	s := newScraper(t, srv.URL, reg, func(c *config.Engine) { c.Timeout = 100 * time.Millisecond })
+	cfg := config.EngineDefaults()
+	cfg.Timeout = 100 * time.Millisecond
+	u, _ := url.Parse("http://engine.test")
+	s := New(Options{Config: cfg, Upstream: u, Registry: reg, Client: handlerClient(handler)})
 	step := func(st int, upKey string, failures map[string]float64) {
 		t.Helper()
 		mu.Lock()
@@ -433,29 +462,30 @@ func TestDetect(t *testing.T) {
 	}
 }
 
-// Run stops when its context ends, and scrapes at its interval meanwhile.
+// Run stops when its context ends, and scrapes at its interval meanwhile:
+// at 0, 100, 200, 300 and 400 ms of a 450 ms context, on synctest's
+// clock (counting real scrapes in 450 ms failed on a busy machine).
 func TestRunIsBounded(t *testing.T) {
-	var mu sync.Mutex
-	n := 0
-	srv := engineServer(t, "/metrics", "text/plain", func() string {
-		mu.Lock()
-		n++
-		mu.Unlock()
-		return "vllm:num_requests_running 1\n"
+	synctest.Test(t, func(t *testing.T) {
+		var at []time.Duration
+		t0 := time.Now()
+		client := handlerClient(func(w http.ResponseWriter, r *http.Request) {
+			at = append(at, time.Since(t0)) // one scrape at a time: Run's goroutine
+			fmt.Fprint(w, "vllm:num_requests_running 1\n")
+		})
+		cfg := config.EngineDefaults()
+		cfg.Interval = 100 * time.Millisecond
+		u, _ := url.Parse("http://engine.test")
+		s := New(Options{Config: cfg, Upstream: u, Client: client})
+		ctx, cancel := context.WithTimeout(context.Background(), 450*time.Millisecond)
+		defer cancel()
+		s.Run(ctx)
+		if took := time.Since(t0); took != 450*time.Millisecond {
+			t.Errorf("Run returned after %v, want 450ms (its context's end)", took)
+		}
+		want := []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond, 400 * time.Millisecond}
+		if fmt.Sprint(at) != fmt.Sprint(want) {
+			t.Errorf("scrapes at %v, want %v", at, want)
+		}
 	})
-	s := newScraper(t, srv.URL, nil, func(c *config.Engine) { c.Interval = 100 * time.Millisecond })
-	ctx, cancel := context.WithTimeout(context.Background(), 450*time.Millisecond)
-	defer cancel()
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not stop")
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if n < 3 || n > 7 {
-		t.Errorf("%d scrapes in 450 ms at 100 ms", n)
-	}
 }
