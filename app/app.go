@@ -351,9 +351,12 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// (proxy.Options). There is no write timeout and no whole-request read
 	// timeout: a response streams for as long as the engine sends. A
 	// request line and headers over maxHeaderBytes get a 431.
+	// Their ErrorLog counts and logs failed accepts (serverErrors).
+	serverErrs := newServerErrors(log, metrics.Registry, "proxy", "admin")
 	s.proxySrv = &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
-		MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		MaxHeaderBytes: maxHeaderBytes, ErrorLog: serverErrs.logger("proxy")}
+	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: serverErrs.logger("admin")}
 	return s, nil
 }
 
@@ -462,6 +465,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		s.env.Ready(s.addrs)
 	}
 
+	hup := &hangups{log: log, clock: time.Now, path: cfg.Records}
 	var runErr error
 wait:
 	for {
@@ -473,11 +477,7 @@ wait:
 			break wait
 		case <-s.env.Hangup:
 			if s.records != nil {
-				if err := s.records.Reopen(); err != nil {
-					log.Error("SIGHUP: reopening the records file", "path", cfg.Records, "err", err)
-				} else {
-					log.Info("SIGHUP: records file reopened", "path", cfg.Records)
-				}
+				hup.reopened(s.records.Reopen()) // every time; logged at most once a second
 			}
 		}
 	}
@@ -569,8 +569,8 @@ func exportFileStats(reg prometheus.Registerer, f *record.File) {
 	}
 	reg.MustRegister(
 		c("tokentap_records_written_total", "Records written whole to the records file.", func(s record.FileStats) uint64 { return s.Written }),
-		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error); each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
-		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
+		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error), and batches that went, or would have gone, to a deleted file; each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
+		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
 	)
 }
 
