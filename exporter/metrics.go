@@ -91,7 +91,7 @@ func New(cfg Config) *Metrics {
 	}, []string{promLabel[LOperation], promLabel[LTraffic], promLabel[LProbe]})
 	m.tapFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokentap_tap_failures_total",
-		Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason.",
+		Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason; event_too_large counts each event over the tap's bound, forwarded unread, the rest of the response measured.",
 	}, []string{"reason"})
 	m.usageInjected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tokentap_usage_injected_total",
@@ -158,6 +158,14 @@ func (q *Request) Gap(d time.Duration) {
 		q.itl = q.m.itl.WithLabelValues(q.labels[LOperation], q.m.models.Admit(q.model), q.labels[LTraffic], q.labels[LProbe])
 	}
 	q.itl.Observe(d.Seconds())
+}
+
+// ResponseModel names the model of a request that named none, before
+// its first gap resolves the ITL series (pipeline.Request.ResponseModel).
+func (q *Request) ResponseModel(name string) {
+	if q.model == "" {
+		q.model = name
+	}
 }
 
 // ForwardDelay observes the sidecar's forwarding delay of one chunk.

@@ -156,6 +156,20 @@ func (q *Request) UsageInjected() { q.live.UsageInjected() }
 // TapFailed counts a fail-open fallback.
 func (q *Request) TapFailed(reason string) { q.live.TapFailed(reason) }
 
+// ResponseModel names the model of a request that named none, from its
+// response (the proxy's, when the request's body was not read whole):
+// its model label, live and at the end, is that name from then on. Once
+// per request.
+func (q *Request) ResponseModel(name string) {
+	if q.model != "" {
+		return
+	}
+	q.model, q.labels[exporter.LModel] = name, name
+	if m, ok := q.live.(interface{ ResponseModel(string) }); ok {
+		m.ResponseModel(name)
+	}
+}
+
 // Tokens counts n tokens produced now, for the energy share (hot path:
 // an atomic add on the request's own counter).
 func (q *Request) Tokens(n int64) {

@@ -5,7 +5,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -13,7 +12,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net"
@@ -333,9 +331,12 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		idle = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), d: p.opts.BodyReadTimeout}
 		r.Body = idle
 	}
-	var rewritten, whole []byte
+	var (
+		whole     []byte
+		rewritten *splicedBody
+	)
 	if api != record.APIOther {
-		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes)
+		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength)
 		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
@@ -375,7 +376,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
-	rec.API, rec.Stream, rec.MaxTokens = info.API, info.Stream, info.MaxTokens
+	rec.API, rec.Stream, rec.MaxTokens, rec.RequestRead = info.API, info.Stream, info.MaxTokens, info.Read
 	rec.SetModel(info.Model)
 	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info, body: idle}
 	start := pipeline.Start{
@@ -397,9 +398,9 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 	if rewritten != nil {
 		st.injected = true
 		rec.UsageInjected = true
-		r.Body = io.NopCloser(bytes.NewReader(rewritten))
-		r.ContentLength = int64(len(rewritten))
-		r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))
+		r.Body = rewritten
+		r.ContentLength = rewritten.n
+		r.Header.Set("Content-Length", strconv.FormatInt(rewritten.n, 10))
 		r.Header.Set("Accept-Encoding", "identity") // so that the engine answers uncompressed
 	}
 	return st, start
@@ -514,6 +515,13 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	} else if api != record.APIOther {
 		st.obs.TapFailed("content_encoding")
 		st.rec.TapFailed = "content_encoding"
+	}
+	if st.info.Read != "" && kind != bodyOpaque && resp.StatusCode < 300 {
+		// The request's stream member may not have been read (a body
+		// longer than the peek with "stream" after "messages", as the
+		// Vercel AI SDK writes it; or a body that is not one JSON
+		// object): the answer says whether it streams.
+		st.rec.Stream = kind.streamed()
 	}
 	strip := st.injected && kind == bodySSE && resp.StatusCode < 300
 	if strip {
@@ -712,7 +720,7 @@ func (p *Proxy) tokens(st *reqState) {
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "token_ids"
 	case t != nil && t.perEventAll && t.tokensFrom == stream.SourceLogprobs && rec.TokenEvents() > 0:
 		rec.OutputTokens, rec.TokenSource = t.idTokens, "logprobs"
-	case t != nil && t.kind.streamed() && rec.TapFailed == "":
+	case t != nil && t.kind.streamed() && rec.TapFailed == "" && t.oversized == 0:
 		rec.OutputTokens, rec.TokenSource = int64(rec.TokenEvents()), "events"
 	default:
 		rec.OutputTokens, rec.TokenSource = -1, "none"

@@ -119,6 +119,8 @@ type tap struct {
 	eof, closed, failed bool
 	readErr             error
 	readErrAt           time.Time
+	oversized           int  // events the framer dropped for their size (countOversized)
+	needModel           bool // the model comes from the response (modelFromResponse)
 
 	// what the stream said
 	done        bool // end marker seen
@@ -145,6 +147,7 @@ func newTap(body io.ReadCloser, st *reqState, kind bodyKind, format stream.Forma
 		wholeMax: wholeMax, perEventAll: true, hdrOut: -1}
 	t.onEv = t.event
 	t.onCut = t.frameForStrip
+	t.needModel = st.info.Read != "" && st.rec.Model == ""
 	return t
 }
 
@@ -300,15 +303,11 @@ func (t *tap) parse(p []byte, at time.Time) {
 	case bodySSE:
 		t.readAt = at
 		t.framer.Feed(p, t.onEv)
-		if t.framer.Overflow {
-			t.fail("event_too_large")
-		}
+		t.countOversized(t.framer.Oversized)
 	case bodyNDJSON:
 		t.readAt = at
 		t.lines.Feed(p, t.onEv)
-		if t.lines.Overflow {
-			t.fail("event_too_large")
-		}
+		t.countOversized(t.lines.Oversized)
 	case bodyJSON:
 		if len(t.whole)+len(p) > t.wholeMax {
 			t.wholeOver = true
@@ -316,6 +315,24 @@ func (t *tap) parse(p []byte, at time.Time) {
 		} else if !t.wholeOver {
 			t.whole = append(t.whole, p...)
 		}
+	}
+}
+
+// countOversized takes the framer's count of the events it dropped for
+// being over its bound (stream.Framer.MaxEventBytes, 1 MiB: a base64
+// image, a large tool-call argument in one event). The tap goes on: the
+// event's bytes were forwarded like every other's, the events after it
+// are measured, and only its own content is unknown (docs/measurement.md
+// §2: its tokens are not counted, so per-event counts are no longer
+// exact). Each is counted in the record (OversizedEvents) and in
+// tokentap_tap_failures_total{reason="event_too_large"}. Per read, not per
+// event: an integer compare.
+func (t *tap) countOversized(n int) {
+	for t.oversized < n {
+		t.oversized++
+		t.st.rec.OversizedEvents++
+		t.perEventAll = false
+		t.st.obs.TapFailed("event_too_large")
 	}
 }
 
@@ -334,6 +351,23 @@ func (t *tap) handle(ev *stream.Event, at time.Time) {
 	c := &t.chunk
 	stream.Parse(t.format, ev.Data, c)
 	t.apply(c, at)
+	if t.needModel {
+		t.modelFromResponse()
+	}
+}
+
+// modelFromResponse gives a request whose body was not read whole, and
+// which named no model in what was read, the model the engine answered
+// with (docs/records.md, model): its record, its SLO scope and its model
+// label, from the event that names it on.
+func (t *tap) modelFromResponse() {
+	rec := t.st.rec
+	if rec.ResponseModel == "" {
+		return
+	}
+	t.needModel = false
+	rec.SetModel(rec.ResponseModel)
+	t.st.obs.ResponseModel(rec.Model)
 }
 
 // maxIDBytes bounds the engine's response id kept in the record: it is
@@ -518,10 +552,7 @@ func (t *tap) frameStrip(b []byte, at time.Time) {
 	t.held = append(t.held, b...)
 	t.readAt = at
 	t.framer.Feed(b, t.onCut)
-	if t.framer.Overflow {
-		t.fail("event_too_large")
-		return
-	}
+	t.countOversized(t.framer.Oversized)
 	upto := t.framer.PendingStart()
 	if !t.degraded {
 		if t.scanPending() {
@@ -915,6 +946,9 @@ func (t *tap) Close() error {
 				}
 				at := t.readErrAt
 				t.apply(&t.chunk, at)
+				if t.needModel {
+					t.modelFromResponse()
+				}
 			}()
 		}
 	}

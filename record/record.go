@@ -136,6 +136,16 @@ type Record struct {
 	TapFailed       string // why the tap gave up on this response (fail open); "" if it did not
 	MaxTokens       int64  // requested max_tokens, 0 when not sent
 
+	// OversizedEvents counts the response's events over the tap's 1 MiB
+	// bound: forwarded, not read (their tokens unknown), the events
+	// after them measured. 0 when none.
+	OversizedEvents int
+	// RequestRead says the request's body was not read whole: "partial"
+	// (longer than the peek, --peek-bytes) or "unparsed" (not one JSON
+	// object); its fields were then read best effort, and stream decided
+	// from the response. "" when it was read whole.
+	RequestRead string
+
 	Arrive           time.Time // request headers read: the zero of every offset
 	UpstreamSent     time.Time
 	Headers          time.Time
@@ -441,6 +451,12 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	}
 	if r.TapFailed != "" {
 		str("tap_failed", r.TapFailed)
+	}
+	if r.OversizedEvents > 0 {
+		num("oversized_events", int64(r.OversizedEvents))
+	}
+	if r.RequestRead != "" {
+		str("request_read", r.RequestRead)
 	}
 	if r.ResponseID != "" {
 		str("response_id", r.ResponseID)

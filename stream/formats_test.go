@@ -181,14 +181,14 @@ func TestLineFramerBound(t *testing.T) {
 	f.Feed([]byte("short\n0123456789"), on)
 	f.Feed([]byte("0123\nok\n"), on)
 	f.Finish(on)
-	if !f.Overflow || strings.Join(got, ",") != "short,ok" {
-		t.Fatalf("overflow=%v lines %q, want the long line dropped", f.Overflow, got)
+	if f.Oversized != 1 || strings.Join(got, ",") != "short,ok" {
+		t.Fatalf("oversized=%d lines %q, want the long line dropped", f.Oversized, got)
 	}
 	f = LineFramer{MaxLineBytes: 8}
 	got = nil
-	f.Feed([]byte("0123456789\nok\n"), on) // over the bound within one read
-	if !f.Overflow || strings.Join(got, ",") != "ok" {
-		t.Fatalf("overflow=%v lines %q", f.Overflow, got)
+	f.Feed([]byte("0123456789\nok\n0123456789\n"), on) // over the bound within one read, twice
+	if f.Oversized != 2 || strings.Join(got, ",") != "ok" {
+		t.Fatalf("oversized=%d lines %q", f.Oversized, got)
 	}
 }
 

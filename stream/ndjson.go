@@ -11,9 +11,8 @@ import "bytes"
 // stream, its LF included.
 //
 // It is bounded like Framer: a line longer than MaxLineBytes is dropped
-// (never dispatched) and Overflow is set; the lines after it are
-// dispatched. The tap turns itself off when that happens (fail open: the
-// bytes were forwarded all the same).
+// (never dispatched) and counted in Oversized; the lines after it are
+// dispatched.
 //
 // The zero value is ready to use. A LineFramer is not safe for
 // concurrent use.
@@ -24,9 +23,9 @@ type LineFramer struct {
 	start  int64  // offset of the current line's first byte
 	// MaxLineBytes bounds one line. Zero means 1 MiB.
 	MaxLineBytes int
-	// Overflow is set once a line exceeded MaxLineBytes.
-	Overflow bool
-	ev       Event
+	// Oversized counts the lines dropped for exceeding MaxLineBytes.
+	Oversized int
+	ev        Event
 }
 
 func (f *LineFramer) limit() int {
@@ -45,7 +44,8 @@ func (f *LineFramer) Feed(p []byte, fn func(*Event)) {
 			switch {
 			case f.skip:
 			case len(f.line)+len(p) > f.limit():
-				f.Overflow, f.skip = true, true
+				f.Oversized++
+				f.skip = true
 				f.line = f.line[:0]
 			default:
 				f.line = append(f.line, p...)
@@ -57,7 +57,7 @@ func (f *LineFramer) Feed(p []byte, fn func(*Event)) {
 		case f.skip:
 			f.skip = false
 		case len(f.line)+i > f.limit():
-			f.Overflow = true
+			f.Oversized++
 		case len(f.line) > 0:
 			f.line = append(f.line, p[:i]...)
 			f.dispatch(f.line, fn, false)

@@ -50,12 +50,13 @@ type Framer struct {
 	// MaxEventBytes bounds the bytes buffered for one event: the length of
 	// each of its lines (without the line ending, and without the BOM that
 	// may start the stream) and the length of its data. Zero means 1 MiB.
-	// An event over the bound sets Overflow and is dropped: it is never
-	// dispatched, and the events after it are.
+	// An event over the bound is dropped and counted in Oversized: it is
+	// never dispatched, and the events after it are.
 	MaxEventBytes int
-	// Overflow is set once an event exceeded MaxEventBytes.
-	Overflow bool
-	ev       Event // handed to callbacks; kept here so dispatch never allocates
+	// Oversized counts the events dropped for exceeding MaxEventBytes
+	// (each once, however many of its lines were over).
+	Oversized int
+	ev        Event // handed to callbacks; kept here so dispatch never allocates
 }
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
@@ -166,7 +167,9 @@ func (f *Framer) Finish(fn func(*Event)) {
 // overflow drops the event being built: its lines up to the blank line
 // that ends it are discarded.
 func (f *Framer) overflow() {
-	f.Overflow = true
+	if !f.dropping {
+		f.Oversized++
+	}
 	f.dropping = true
 	f.started = true
 }
