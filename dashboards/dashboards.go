@@ -8,11 +8,16 @@
 // A test regenerates them and compares byte for byte; another runs every
 // panel query against a real Prometheus that scrapes a real sidecar.
 //
-// Every query selects with label matchers that also match series without
-// the label (namespace=~"$namespace" with an All value of .*), so the same
-// dashboards work on a laptop (no namespace, no pod) and in Kubernetes.
-// Histogram queries read native histograms where the Prometheus has them
-// and fall back to classic buckets otherwise (see hq).
+// Every query of a sidecar's series selects it by scrape job and instance
+// (job=~"$job", instance=~"$instance", All being .+: Prometheus gives
+// every scraped series both labels) and by the Kubernetes labels with
+// matchers that also match series without them (namespace=~"$namespace"
+// with an All value of .*), so the same dashboards work on a laptop (no
+// namespace, no pod) and in Kubernetes. The fleet's recording rules have
+// no job or instance: dashboards/.lint lists those queries, each with
+// why, for Grafana's dashboard linter (docs/deploy.md). Histogram queries
+// read native histograms where the Prometheus has them and fall back to
+// classic buckets otherwise (see hq).
 package dashboards
 
 import (
@@ -33,12 +38,15 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
 )
 
-// Label matchers shared by every query. Each works when its label is
-// absent: an absent label is the empty string, which .* matches.
+// Label matchers shared by every query of a sidecar's series. job and
+// instance are on every scraped series (All is .+); each of the others
+// works when its label is absent: an absent label is the empty string,
+// which .* matches.
 const (
-	// sel picks the sidecars: Kubernetes namespace and pod (added by
-	// Prometheus' Kubernetes service discovery) and the scrape instance.
-	sel = `namespace=~"$namespace", pod=~"$pod", instance=~"$instance"`
+	// sel picks the sidecars: the scrape job, the Kubernetes namespace
+	// and pod (added by Prometheus' Kubernetes service discovery) and the
+	// scrape instance.
+	sel = `job=~"$job", namespace=~"$namespace", pod=~"$pod", instance=~"$instance"`
 	// selM adds the model label of the request-level series.
 	selM = sel + `, gen_ai_request_model=~"$model"`
 	// selT adds the traffic class (live or canary).
@@ -103,7 +111,7 @@ type row struct {
 type board struct {
 	file, uid, title, desc string
 	tags                   []string
-	vars                   []string // variables beyond datasource, namespace, pod, instance
+	vars                   []string // variables beyond datasource, job, namespace, pod, instance
 	rows                   []row
 }
 
@@ -307,34 +315,40 @@ func (p panel) builder() (cog.Builder[dashboard.Panel], error) {
 func variable(name string) (cog.Builder[dashboard.VariableModel], error) {
 	all := dashboard.VariableOption{Selected: cog.ToPtr(true), Text: dashboard.StringOrArrayOfString{String: cog.ToPtr("All")},
 		Value: dashboard.StringOrArrayOfString{String: cog.ToPtr("$__all")}}
-	query := func(label, q, desc string) cog.Builder[dashboard.VariableModel] {
+	// allValue is what All stands for: .+ for the labels that every
+	// scraped series has (job, instance), .* for the others, so that All
+	// also matches series without them.
+	query := func(label, q, desc, allValue string) cog.Builder[dashboard.VariableModel] {
 		return dashboard.NewQueryVariableBuilder(name).Label(label).Description(desc).
 			Query(dashboard.StringOrMap{String: cog.ToPtr(q)}).Definition(q).
-			Datasource(dsRef).Multi(true).IncludeAll(true).AllValue(".*").Current(all).
+			Datasource(dsRef).Multi(true).IncludeAll(true).AllValue(allValue).Current(all).
 			Refresh(dashboard.VariableRefreshOnTimeRangeChanged).Sort(dashboard.VariableSortAlphabeticalAsc)
 	}
 	switch name {
 	case "datasource":
 		return dashboard.NewDatasourceVariableBuilder("datasource").Label("Data source").Type("prometheus").
 			Description("The Prometheus that scrapes the tokentap sidecars."), nil
+	case "job":
+		return query("Job", `label_values(tokentap_connections_max, job)`,
+			"Scrape job of the sidecars (the job_name of Prometheus' scrape configuration, or the ServiceMonitor's). All (.+) matches every job.", ".+"), nil
 	case "namespace":
-		return query("Namespace", `label_values(tokentap_connections_max, namespace)`,
-			"Kubernetes namespace of the sidecars (added by Prometheus' Kubernetes discovery). All (.*) also matches series without the label."), nil
+		return query("Namespace", `label_values(tokentap_connections_max{job=~"$job"}, namespace)`,
+			"Kubernetes namespace of the sidecars (added by Prometheus' Kubernetes discovery). All (.*) also matches series without the label.", ".*"), nil
 	case "pod":
-		return query("Pod", `label_values(tokentap_connections_max{namespace=~"$namespace"}, pod)`,
-			"Pod of the sidecars. All (.*) also matches series without the label."), nil
+		return query("Pod", `label_values(tokentap_connections_max{job=~"$job", namespace=~"$namespace"}, pod)`,
+			"Pod of the sidecars. All (.*) also matches series without the label.", ".*"), nil
 	case "instance":
-		return query("Instance", `label_values(tokentap_connections_max{namespace=~"$namespace", pod=~"$pod"}, instance)`,
-			"Scrape target (the sidecar's admin address). All (.*) matches every sidecar."), nil
+		return query("Instance", `label_values(tokentap_connections_max{job=~"$job", namespace=~"$namespace", pod=~"$pod"}, instance)`,
+			"Scrape target (the sidecar's admin address). All (.+) matches every sidecar.", ".+"), nil
 	case "model":
 		return query("Model", `label_values(tokentap_requests_total{`+sel+`}, gen_ai_request_model)`,
-			"gen_ai_request_model: the model the client asked for, bounded by the sidecar (docs/metrics.md, common labels)."), nil
+			"gen_ai_request_model: the model the client asked for, bounded by the sidecar (docs/metrics.md, common labels).", ".*"), nil
 	case "slo":
 		return query("SLO", `label_values(tokentap_slo_target{`+sel+`}, slo)`,
-			"The SLOs declared in the sidecars' configuration (docs/slo.md)."), nil
+			"The SLOs declared in the sidecars' configuration (docs/slo.md).", ".*"), nil
 	case "probe":
 		return query("Probe", `label_values(tokentap_probe_scheduled_total{`+sel+`}, probe)`,
-			"Canary probes by name (docs/probe.md)."), nil
+			"Canary probes by name (docs/probe.md).", ".*"), nil
 	case "traffic":
 		live := dashboard.VariableOption{Selected: cog.ToPtr(true), Text: dashboard.StringOrArrayOfString{String: cog.ToPtr("live")},
 			Value: dashboard.StringOrArrayOfString{String: cog.ToPtr("live")}}
@@ -350,12 +364,15 @@ func variable(name string) (cog.Builder[dashboard.VariableModel], error) {
 // build returns the dashboard as the SDK's v1 model (a dashboard.Dashboard).
 func (d board) build() (any, error) {
 	//lint:ignore SA1019 the v1 JSON model is what Grafana's file provisioning and its sidecar loader read; dashboardv2 needs Grafana 12's v2 API
+	// Read-only: provisioned dashboards are regenerated from this code, so
+	// an edit in Grafana's UI would be lost (and Grafana's linter asks for
+	// editable: false).
 	b := dashboard.NewDashboardBuilder(d.title).Uid(d.uid).Description(d.desc).Tags(d.tags).
-		Editable().Tooltip(dashboard.DashboardCursorSyncCrosshair).Refresh("30s").Time("now-1h", "now").
+		Readonly().Tooltip(dashboard.DashboardCursorSyncCrosshair).Refresh("30s").Time("now-1h", "now").
 		Timezone(common.TimeZoneBrowser).
 		Link(dashboard.NewDashboardLinkBuilder("tokentap").Type(dashboard.DashboardLinkTypeDashboards).
 			Tags([]string{"tokentap"}).AsDropdown(true).IncludeVars(true).KeepTime(true).TargetBlank(false).Icon("external link").Tooltip(""))
-	for _, v := range append([]string{"datasource", "namespace", "pod", "instance"}, d.vars...) {
+	for _, v := range append([]string{"datasource", "job", "namespace", "pod", "instance"}, d.vars...) {
 		vb, err := variable(v)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", d.file, err)
@@ -412,7 +429,7 @@ func Files() []string {
 const Dir = "dashboards"
 
 // Generated returns every file that `go run ./dashboards/gen` writes, by
-// path under root (the repository root).
+// path under root (the repository root): the dashboards and LintFile.
 func Generated(root string) (map[string][]byte, error) {
 	r, err := Render()
 	if err != nil {
@@ -422,5 +439,10 @@ func Generated(root string) (map[string][]byte, error) {
 	for name, b := range r {
 		out[filepath.Join(root, Dir, name)] = b
 	}
+	lint, err := LintConfig()
+	if err != nil {
+		return nil, err
+	}
+	out[filepath.Join(root, Dir, LintFile)] = lint
 	return out, nil
 }

@@ -21,7 +21,7 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != len(boards()) {
+	if len(files) != len(boards())+1 { // and the linter's configuration
 		t.Fatalf("%d generated files", len(files))
 	}
 	var paths []string
@@ -60,6 +60,7 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 type jsonDashboard struct {
 	UID        string `json:"uid"`
 	Title      string `json:"title"`
+	Editable   bool   `json:"editable"`
 	Templating struct {
 		List []struct {
 			Name     string `json:"name"`
@@ -75,7 +76,12 @@ type jsonPanel struct {
 	Type        string `json:"type"`
 	Title       string `json:"title"`
 	Description string `json:"description"`
-	Datasource  struct {
+	FieldConfig struct {
+		Defaults struct {
+			Unit string `json:"unit"`
+		} `json:"defaults"`
+	} `json:"fieldConfig"`
+	Datasource struct {
 		UID string `json:"uid"`
 	} `json:"datasource"`
 	Targets []struct {
@@ -105,9 +111,11 @@ func readAll(t *testing.T) map[string]jsonDashboard {
 }
 
 // The dashboards decode into the SDK's own types (what Grafana's schema
-// expects), and every panel says what it plots and which definition it
-// uses, reads the datasource variable, and selects with the sidecar
-// matchers.
+// expects), are read-only, and every panel says what it plots and which
+// definition it uses, has a unit, reads the datasource variable, and
+// selects with the sidecar matchers (job and instance among them, as
+// Grafana's dashboard linter asks) unless it reads a fleet recording
+// rule, which the linter's configuration exempts.
 func TestDashboardsAreComplete(t *testing.T) {
 	plugins.RegisterDefaultPlugins()
 	cites := regexp.MustCompile(`docs/(measurement\.md §\d|metrics\.md|slo\.md|energy\.md|probe\.md|records-file\.md|design\.md|config\.md|engine-signals\.md|cost\.md)`)
@@ -126,14 +134,24 @@ func TestDashboardsAreComplete(t *testing.T) {
 			t.Errorf("%s: uid %q empty or not unique", f, d.UID)
 		}
 		uids[d.UID] = true
+		if d.Editable {
+			t.Errorf("%s: editable, want read-only (a provisioned dashboard is regenerated)", f)
+		}
 		vars := map[string]string{}
 		for _, v := range d.Templating.List {
 			vars[v.Name] = v.Type
-			if v.Type == "query" && v.AllValue != ".*" {
-				t.Errorf("%s: variable %s: All must be .* so that absent labels match, got %q", f, v.Name, v.AllValue)
+			// job and instance are on every scraped series: All is .+
+			// (the linter's template rules). The other labels may be
+			// absent: All is .*, which matches them absent too.
+			want := ".*"
+			if v.Name == "job" || v.Name == "instance" {
+				want = ".+"
+			}
+			if v.Type == "query" && v.AllValue != want {
+				t.Errorf("%s: variable %s: All must be %s, got %q", f, v.Name, want, v.AllValue)
 			}
 		}
-		for _, v := range []string{"datasource", "namespace", "pod", "instance"} {
+		for _, v := range []string{"datasource", "job", "namespace", "pod", "instance"} {
 			if vars[v] == "" {
 				t.Errorf("%s: no %s variable", f, v)
 			}
@@ -146,6 +164,9 @@ func TestDashboardsAreComplete(t *testing.T) {
 			where := f + ": " + p.Title
 			if len(p.Description) < 60 || !cites.MatchString(p.Description) {
 				t.Errorf("%s: the description must say what it plots and cite its definition (docs/measurement.md §N or docs/metrics.md …): %q", where, p.Description)
+			}
+			if p.FieldConfig.Defaults.Unit == "" {
+				t.Errorf("%s: no unit", where)
 			}
 			if p.Datasource.UID != "${datasource}" || len(p.Targets) == 0 {
 				t.Errorf("%s: datasource %q, %d targets", where, p.Datasource.UID, len(p.Targets))

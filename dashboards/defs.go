@@ -11,11 +11,11 @@ var tags = []string{"tokentap"}
 
 // fleet notes that a panel reads a recording rule, which aggregates every
 // sidecar that Prometheus scrapes.
-const fleet = " Recording rules sum every scraped sidecar by SLO (docs/slo.md, recording rules), so the namespace, pod and instance selectors do not filter this panel."
+const fleet = " Recording rules sum every scraped sidecar by SLO (docs/slo.md, recording rules), so the job, namespace, pod and instance selectors do not filter this panel."
 
 // costFleet is fleet for the cost, energy and knee rules, which sum the
 // scraped sidecars by SLO and currency, or over the whole fleet.
-const costFleet = " The cost, energy and knee recording rules sum every scraped sidecar (by SLO, currency or load bucket; docs/cost.md, recording rules), so the namespace, pod, instance and model selectors do not filter this panel."
+const costFleet = " The cost, energy and knee recording rules sum every scraped sidecar (by SLO, currency or load bucket; docs/cost.md, recording rules), so the job, namespace, pod, instance and model selectors do not filter this panel."
 
 // ---------------------------------------------------------------------------
 // SLO & goodput
@@ -63,7 +63,7 @@ func sloBoard() board {
 						{expr: `slo:tokentap_attainment:ratio1h{slo=~"$slo"}`, legend: "{{slo}} 1h"},
 						{expr: `slo:tokentap_attainment:ratio1d{slo=~"$slo"}`, legend: "{{slo}} 1d"},
 					}},
-				{title: "Error-budget burn rate (95% bound)", unit: "x", w: 12, h: 8, min: fp(0), thresholds: []float64{1, 6, 14.4},
+				{title: "Error-budget burn rate (95% bound)", unit: "none", w: 12, h: 8, min: fp(0), thresholds: []float64{1, 6, 14.4},
 					desc: "Burn rate = the Wilson 95% lower bound of the error ratio over a window (slo:tokentap_error_lower95:ratio<W>) divided by the error budget 1 − target. " +
 						"1× spends a 30-day budget in 30 days; the fast-burn alert needs 14.4× over 1h and 5m (or 6× over 6h and 30m), the slow burn 3× over 1d and 2h (or 1× over 3d and 6h) (docs/slo.md, alerts; docs/measurement.md §5)." + fleet,
 					targets: []target{burn("5m"), burn("1h"), burn("6h"), burn("3d")}},
@@ -146,7 +146,7 @@ func costRow() row {
 				{expr: `slo:tokentap_goodput_tokens:rate5m{slo=~"$slo"}`, legend: "{{slo}} goodput tokens/s"},
 				{expr: `cost:tokentap_output_tokens:rate5m`, legend: "output tokens/s ({{currency}} priced)"},
 			}},
-		{title: "J per output token: total and dynamic, 5m (fleet)", unit: "J", w: 12, h: 8, min: fp(0),
+		{title: "J per output token: total and dynamic, 5m (fleet)", unit: "joule", w: 12, h: 8, min: fp(0),
 			desc: "All measured GPU energy of the metered replicas, idle and unattributed included, ÷ their live output tokens (energy:tokentap_joules_per_output_token:ratio5m), and the same with the idle baseline (tokentap_gpu_idle_power_watts) taken out first (energy:tokentap_dynamic_joules_per_output_token:ratio5m) (docs/cost.md, joules per output token; docs/measurement.md §8). " +
 				"The replicas' real bill, so at least /slo's figure, which counts the energy attributed to requests. Empty when no sidecar measures energy." + costFleet,
 			targets: []target{
@@ -273,22 +273,22 @@ func energyBoard() board {
 		vars: []string{"model"},
 		rows: []row{
 			{title: "Joules per token", panels: []panel{
-				{kind: kStat, title: "Energy measurement on", w: 6, h: 6, min: fp(0), max: fp(1),
+				{kind: kStat, title: "Energy measurement on", unit: "bool_on_off", w: 6, h: 6, min: fp(0), max: fp(1),
 					desc:    "tokentap_energy_enabled per sidecar: 1 when NVML energy is measured, 0 when it is off; tokentap_energy_info{state,reason} says why (nvml_unavailable, no_cgo, no_devices, disabled) (docs/energy.md).",
 					targets: []target{{expr: `tokentap_energy_enabled{` + sel + `}`, legend: "{{instance}}"}}},
-				{title: "J per output token: total and dynamic", unit: "J", w: 18, h: 8, min: fp(0),
+				{title: "J per output token: total and dynamic", unit: "joule", w: 18, h: 8, min: fp(0),
 					desc: "Per window (docs/measurement.md §8): total J/token = rate of tokentap_gpu_energy_joules_total / rate of live output tokens; dynamic J/token takes the idle baseline (tokentap_gpu_idle_power_watts) out of the power first. " +
 						"Energy is per GPU, not per model, so the model selector does not apply. With a trickle of tokens the total is mostly idle power: read the dynamic figure and the idle share with it (docs/energy.md).",
 					targets: []target{
 						{expr: energyRate + ` / ` + liveTokens, legend: "total J/token"},
 						{expr: `(` + energyRate + ` - sum(tokentap_gpu_idle_power_watts{` + sel + `})) / ` + liveTokens, legend: "dynamic J/token"},
 					}},
-				{title: "Per-request J/token, p50 and p90 by model", unit: "J", w: 12, h: 8, min: fp(0),
+				{title: "Per-request J/token, p50 and p90 by model", unit: "joule", w: 12, h: 8, min: fp(0),
 					desc: "The distribution of each request's attributed energy divided by its output tokens (tokentap_request_energy_per_token_joules, request-weighted): each interval's energy is shared among the requests in flight by their tokens, prefill weighted 0.1 per prompt token (docs/measurement.md §8, attribution). " +
 						"A request's joules (energy_j) are in its record, not a metric.",
 					targets: append(quantiles("tokentap_request_energy_per_token_joules", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.5"),
 						quantiles("tokentap_request_energy_per_token_joules", selM, "gen_ai_request_model", "{{gen_ai_request_model}} ", "0.9")...)},
-				{kind: kHeatmap, title: "Per-request J/token distribution (heatmap)", unit: "J", w: 12, h: 8,
+				{kind: kHeatmap, title: "Per-request J/token distribution (heatmap)", unit: "joule", w: 12, h: 8,
 					desc:    "Requests per bucket of per-request J/token (tokentap_request_energy_per_token_joules; docs/measurement.md §8), native histogram where available, classic buckets otherwise.",
 					targets: []target{{expr: hmap("tokentap_request_energy_per_token_joules", selM), legend: "{{le}}"}}},
 			}},
@@ -352,10 +352,10 @@ func canaryBoard() board {
 		vars: []string{"probe"},
 		rows: []row{
 			{title: "Success", panels: []panel{
-				{kind: kStat, title: "Last probe succeeded", w: 6, h: 6, min: fp(0), max: fp(1),
+				{kind: kStat, title: "Last probe succeeded", unit: "bool_yes_no", w: 6, h: 6, min: fp(0), max: fp(1),
 					desc:    "probe_success: 1 if the last probe succeeded (outcome success and every quality check passed), else 0, per probe and sidecar (docs/probe.md, metrics; docs/measurement.md §7).",
 					targets: []target{{expr: `probe_success{` + selProbe + `}`, legend: "{{probe}} {{instance}}"}}},
-				{kind: kStat, title: "Consecutive failures", w: 6, h: 6, min: fp(0), thresholds: []float64{1, 3},
+				{kind: kStat, title: "Consecutive failures", unit: "none", w: 6, h: 6, min: fp(0), thresholds: []float64{1, 3},
 					desc:    "Failed or not-sent probes in a row (tokentap_probe_consecutive_failures). With probes.ready_after_failures K, /readyz turns unready at K (docs/probe.md, readiness).",
 					targets: []target{{expr: `max by (probe) (tokentap_probe_consecutive_failures{` + selProbe + `})`, legend: "{{probe}}"}}},
 				{title: "Success ratio", unit: "percentunit", w: 12, h: 6, min: fp(0), max: fp(1),
@@ -397,7 +397,7 @@ func engineBoard() board {
 		vars: []string{"model"},
 		rows: []row{
 			{title: "Scheduler", panels: []panel{
-				{kind: kStat, title: "Engine metrics scraped", w: 6, h: 6, min: fp(0), max: fp(1),
+				{kind: kStat, title: "Engine metrics scraped", unit: "bool_yes_no", w: 6, h: 6, min: fp(0), max: fp(1),
 					desc:    "tokentap_engine_up per sidecar and engine: 1 if the sidecar's last scrape of the engine's metrics endpoint succeeded (docs/engine-signals.md). The panels below are empty while it is 0.",
 					targets: []target{{expr: `tokentap_engine_up{` + sel + `}`, legend: "{{instance}} {{engine}}"}}},
 				{title: "TTFT p95: the engine's own histogram vs what clients felt", unit: "s", w: 18, h: 6, min: fp(0),
@@ -449,7 +449,7 @@ func sidecarBoard() board {
 				{title: "Requests in flight", unit: "short", w: 12, h: 8, min: fp(0),
 					desc:    "Requests that arrived and have not reached their outcome, by sidecar and traffic (tokentap_requests_in_flight; docs/metrics.md).",
 					targets: []target{{expr: `sum by (instance, traffic) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} {{traffic}}"}}},
-				{title: "Upstream ready", w: 12, h: 8, min: fp(0), max: fp(1),
+				{title: "Upstream ready", unit: "bool_yes_no", w: 12, h: 8, min: fp(0), max: fp(1),
 					desc:    "tokentap_upstream_up: 1 if the sidecar's last readiness check of the engine (upstream_health_path) succeeded (docs/metrics.md).",
 					targets: []target{{expr: `tokentap_upstream_up{` + sel + `}`, legend: "{{instance}}"}}},
 			}},

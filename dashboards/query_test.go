@@ -196,6 +196,7 @@ func TestEveryPanelQueryReturnsData(t *testing.T) {
 					Name       string `json:"name"`
 					Type       string `json:"type"`
 					Definition string `json:"definition"`
+					AllValue   string `json:"allValue"`
 					Current    struct {
 						Value string `json:"value"`
 					} `json:"current"`
@@ -219,7 +220,7 @@ func TestEveryPanelQueryReturnsData(t *testing.T) {
 			switch {
 			case v.Type == "datasource":
 			case v.Current.Value == "$__all":
-				vars[v.Name] = ".*"
+				vars[v.Name] = v.AllValue
 			default:
 				vars[v.Name] = v.Current.Value
 			}
