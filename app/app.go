@@ -38,6 +38,7 @@ import (
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/tracing"
+	"github.com/tokentap/tokentap/upstream"
 )
 
 // UsageError is a bad flag, environment variable or config file: the
@@ -138,14 +139,12 @@ type Sidecar struct {
 
 	otel     *tracing.Providers
 	metrics  *exporter.Metrics
-	upstream *url.URL
+	up       *upstream.Upstream // health, engine kind, models: every poll of the engine
 	records  *record.File
 	sampler  *gpu.Sampler
 	engine   *engine.Scraper // nil when engine.enabled is off
 	proxy    *proxy.Proxy
 	ends     proxy.Ends // the proxy's end-of-request stages still running
-	ready    *readiness
-	upInfo   *upstreamInfo
 	prober   *probe.Prober
 	nprobes  int
 	proxySrv *http.Server
@@ -217,7 +216,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		}
 	}
 	up, _ := url.Parse(s.addrs.Upstream)
-	s.upstream, s.metrics = up, metrics
+	s.metrics = metrics
+	s.up = upstream.New(upstream.Options{URL: up, HealthPath: cfg.UpstreamHealthPath, Kind: cfg.Engine.Kind, Registry: metrics.Registry,
+		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log})
 
 	// Record sinks.
 	var sinks []record.Sink
@@ -261,7 +262,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		if s.addrs.Simulated && (ecfg.Kind == "" || ecfg.Kind == "auto") {
 			ecfg.Kind = string(engine.Simulator)
 		}
-		s.engine = engine.New(engine.Options{Config: ecfg, Upstream: up, Registry: metrics.Registry, Logger: log})
+		s.engine = engine.New(engine.Options{Config: ecfg, Upstream: s.up.URL(), Client: s.up.Client(), Registry: metrics.Registry, Logger: log})
 		signals = s.engine
 	}
 
@@ -331,17 +332,13 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
 
 	// Admin endpoints.
-	ready := newReadiness(up, cfg.UpstreamHealthPath, metrics, log)
-	s.upInfo = newUpstreamInfo(metrics.Registry)
-	ready.probes = s.prober
-	s.ready = ready
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
 		EnableOpenMetrics: true,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}))
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	admin.Handle("GET /readyz", ready)
+	admin.Handle("GET /readyz", s.up.Readiness(s.prober))
 	admin.Handle("GET /slo", scorecard)
 	admin.Handle("GET /probes", s.prober)
 
@@ -449,12 +446,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	} else {
 		close(engineDone)
 	}
-	s.ready.announce()
-	go keepUpstreamUp(engineCtx, s.ready) // tokentap_upstream_up, for the alert (docs/alerts.md)
-	go watchEngine(engineCtx, s.upstream, cfg.Engine.Kind, s.upInfo, s.proxy.SetEngine, log)
-	modelsCtx, stopModels := context.WithCancel(context.Background())
-	defer stopModels()
-	go refreshModels(modelsCtx, s.upstream, s.metrics.Models(), log)
+	upDone := make(chan struct{})
+	go func() { s.up.Run(engineCtx, s.proxy.SetEngine); close(upDone) }()
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	probesDone := make(chan struct{})
 	go func() { s.prober.Run(probeCtx); close(probesDone) }()
@@ -484,7 +477,7 @@ wait:
 	stopProbes() // probes stop first: a probe due now is recorded as not_sent
 	<-probesDone
 	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
-	s.ready.shutDown()
+	s.up.ShutDown()
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer scancel()
 	go func() {
@@ -519,6 +512,7 @@ wait:
 	ecancel()
 	stopEngine() // after the last streams: their records had the engine's history
 	<-engineDone
+	<-upDone
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone
 	s.closeRecords(10 * time.Second)
@@ -530,24 +524,6 @@ wait:
 		runErr = fmt.Errorf("shutdown: %d streams were still running after the %v grace period; they were cut and recorded as error/shutdown", cut, cfg.ShutdownGrace)
 	}
 	return runErr
-}
-
-// keepUpstreamUp checks the upstream's health every 5 s, so that
-// tokentap_upstream_up is current even when nothing polls /readyz (the
-// TokentapUpstreamDown alert reads it). The check is the /readyz one,
-// rate-limited to one a second.
-func keepUpstreamUp(ctx context.Context, r *readiness) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	r.check(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.check(ctx)
-		}
-	}
 }
 
 // closeRecords drains, fsyncs and closes the records file (once).

@@ -81,14 +81,14 @@ var scripts = map[string]script{
 	"reject":     {status: 429},
 }
 
-// upstream serves the scripts and notes when each event left it.
-type upstream struct {
+// scriptedUpstream serves the scripts and notes when each event left it.
+type scriptedUpstream struct {
 	mu        sync.Mutex
 	written   map[string][]time.Duration // per model: offset of each write after arrival
 	cancelled map[string]time.Duration   // per model: when its request context ended
 }
 
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (u *scriptedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/health" {
 		return
 	}
@@ -266,7 +266,7 @@ func within(t *testing.T, what string, got float64, lo, hi time.Duration) {
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 func TestEndToEndScriptedUpstream(t *testing.T) {
-	up := &upstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
+	up := &scriptedUpstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
 	us := httptest.NewServer(up)
 	defer us.Close()
 	a, recordsPath := startSidecar(t, us.URL)

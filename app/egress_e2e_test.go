@@ -27,7 +27,7 @@ import (
 // loopback server named localhost, allowed by name
 // (--egress-internal-allow).
 func TestEgressWiredIntoTheSidecar(t *testing.T) {
-	up := &upstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
+	up := &scriptedUpstream{written: map[string][]time.Duration{}, cancelled: map[string]time.Duration{}}
 	plain := httptest.NewServer(up)
 	defer plain.Close()
 	tlsUp := httptest.NewTLSServer(up) // its certificate is from httptest's own CA
