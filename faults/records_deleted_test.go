@@ -3,6 +3,7 @@
 package faults
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -67,6 +68,7 @@ func TestRecordsDirDeleted(t *testing.T) {
 		switch i {
 		case 0:
 			s.signal(syscall.SIGSTOP)
+			waitStopped(t, s.pid)
 			linesAtDeletion = len(readRecords(t, path))
 			err := os.RemoveAll(dir)
 			s.signal(syscall.SIGCONT)
@@ -126,5 +128,31 @@ func TestRecordsDirDeleted(t *testing.T) {
 	}
 	if !s.log.waitFor("records file: deleted, and the path cannot be re-created", 2*time.Second) {
 		t.Error("the loss is not logged")
+	}
+}
+
+// waitStopped waits until every thread of process pid is stopped
+// (kill(2) returns before a SIGSTOP has taken effect).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	if !waitUntil(5*time.Second, func() bool {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return false
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if err != nil {
+				return false
+			}
+			// The state follows the command name's closing parenthesis.
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("process %d did not stop within 5 s", pid)
 	}
 }
