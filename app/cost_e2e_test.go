@@ -20,6 +20,12 @@ import (
 // evaluating the shipped rules (windows divided by 30: 5m → 10 s) reads
 // the replica's cost (11 EUR/h) and a cost per million goodput tokens,
 // joined on the sidecar's job and instance.
+//
+// Goodput is what met the example's SLO (TTFT 300 ms, TPOT 30 ms) in real
+// time, so it depends on the machine: beside six busy loops it fell from
+// 75 to 4 tok/s (1 request of 72). The cost per goodput token is checked
+// against the goodput the same component measured, and checked absent
+// when nothing qualified (it was required, and failed on a busy machine).
 func TestExampleScorecard(t *testing.T) {
 	a, _ := startSidecar(t, "", "--config", "../deploy/examples/tokentap.yaml", "--upstream", "")
 	prom := ""
@@ -42,18 +48,20 @@ func TestExampleScorecard(t *testing.T) {
 		}
 	}
 	if prom != "" {
-		var cost, perM float64
-		var ok1, ok2 bool
+		var cost, good, perM float64
+		var ok1, okGood, ok2 bool
 		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) && !(ok1 && ok2) {
+		for time.Now().Before(deadline) && !(ok1 && okGood && (ok2 || good == 0)) {
 			cost, ok1 = promQuery(t, prom, `cost:tokentap_replica_cost:rate5m{currency="EUR"}`)
+			good, okGood = promQuery(t, prom, `slo:tokentap_goodput_tokens:rate5m{slo="interactive"}`)
 			perM, ok2 = promQuery(t, prom, `slo:tokentap_cost_per_million_goodput_tokens:ratio5m{slo="interactive",currency="EUR"}`)
 			time.Sleep(500 * time.Millisecond)
 		}
-		if !ok1 || math.Abs(cost*3600/11-1) > 0.05 || !ok2 || perM <= 0 {
-			t.Errorf("Prometheus: replica cost %v EUR/s (%v), want 11/3600; cost per 1M goodput tokens %v (%v)", cost, ok1, perM, ok2)
+		if !ok1 || math.Abs(cost*3600/11-1) > 0.05 || !okGood || (good > 0) != (ok2 && perM > 0) {
+			t.Errorf("Prometheus: replica cost %v EUR/s (%v), want 11/3600; goodput %v tok/s (%v); cost per 1M goodput tokens %v (%v), want one when there is goodput",
+				cost, ok1, good, okGood, perM, ok2)
 		}
-		t.Logf("Prometheus: %.4f EUR/h, %.4g EUR per 1M goodput tokens", cost*3600, perM)
+		t.Logf("Prometheus: %.4f EUR/h, goodput %.4g tok/s, %.4g EUR per 1M goodput tokens (%v)", cost*3600, good, perM, ok2)
 	}
 	wg.Wait()
 
@@ -64,10 +72,17 @@ func TestExampleScorecard(t *testing.T) {
 	c := page.SLOs[0].Scorecard
 	t.Logf("scorecard: goodput %.1f tok/s, %v EUR per 1M goodput tokens, TTFT p99 %v s, ITL p99 %v s, energy %s, knee %+v",
 		c.GoodputTokensRate, optValue(c.CostPerMillionGoodputTokens), optValue(c.TTFTP99Seconds), optValue(c.ITLP99Seconds), c.Energy, c.Knee)
-	if c.Currency != "EUR" || c.PricePerHour == nil || *c.PricePerHour != 11 || c.CostPerMillionGoodputTokens == nil ||
-		math.Abs(*c.CostPerMillionGoodputTokens-11.0/3600*1e6/c.GoodputTokensRate) > 1e-6*(*c.CostPerMillionGoodputTokens) ||
+	if c.Currency != "EUR" || c.PricePerHour == nil || *c.PricePerHour != 11 ||
 		c.TTFTP99Seconds == nil || c.ITLP99Seconds == nil || len(c.Curve) == 0 || c.Knee.State == "" {
 		t.Errorf("scorecard %+v", c)
+	}
+	switch perM := c.CostPerMillionGoodputTokens; {
+	case c.GoodputTokensRate > 0 && (perM == nil || math.Abs(*perM-11.0/3600*1e6/c.GoodputTokensRate) > 1e-6*(*perM)):
+		t.Errorf("cost per 1M goodput tokens %v at %v goodput tok/s, want 11 EUR/h over it", optValue(perM), c.GoodputTokensRate)
+	case c.GoodputTokensRate == 0 && perM != nil:
+		t.Errorf("cost per 1M goodput tokens %v with no goodput", *perM)
+	case c.GoodputTokensRate == 0:
+		t.Log("no request met the example's SLO on this machine: no cost per 1M goodput tokens, as it should be")
 	}
 	resp, err := http.Get("http://" + a.Admin + "/slo")
 	if err != nil {
