@@ -92,8 +92,16 @@ func TestStartHelper(t *testing.T) {
 	if os.Getenv("TESTTOOL_START") == "" {
 		t.Skip("helper process for the tests of Start")
 	}
-	Start(t, "talker", Need(t, "sh"), "-c", "echo the last words of the tool; exec sleep 60")
-	time.Sleep(200 * time.Millisecond)
+	// The tool says when it has written its line (a sleep of 200 ms was
+	// not always enough for it to start on a busy machine).
+	said := filepath.Join(t.TempDir(), "said")
+	Start(t, "talker", Need(t, "sh"), "-c", "echo the last words of the tool; : > "+said+"; exec sleep 60")
+	for i := 0; i < 1000; i++ { // at least 10 s: a bound on a hang
+		if _, err := os.Stat(said); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	t.Fatal("failing on purpose")
 }
 
