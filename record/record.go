@@ -155,6 +155,9 @@ type Record struct {
 	FirstOutputToken time.Time
 	LastToken        time.Time
 	Terminal         time.Time
+	// Upstream holds the connection phases (upstream.go): the zero value
+	// when the request never reached the transport.
+	Upstream Upstream
 
 	// TokenAt holds the offset from Arrive of every token-bearing event.
 	TokenAt []time.Duration
@@ -462,6 +465,11 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		str("response_id", r.ResponseID)
 	}
 	b = r.Engine.appendJSON(b)
+	if r.Upstream.Asked {
+		b = append(b, `"upstream":`...)
+		b = r.Upstream.AppendJSON(b)
+		b = append(b, ',')
+	}
 	d, ok := r.TTFB()
 	opt("ttfb_ms", d, ok)
 	d, ok = r.TTFT()

@@ -31,6 +31,9 @@ func docsExample(t *testing.T) *Record {
 	r.Outcome, r.HTTPStatus, r.FinishReason = Success, 200, "length"
 	r.InputTokens, r.OutputTokens, r.TokenSource = 7, 8, "usage"
 	r.Events, r.UsageInjected = 11, true
+	r.Upstream = Upstream{Asked: true, Reused: true}
+	r.Upstream.Set(UpConnWait, 12*time.Microsecond)
+	r.Upstream.Set(UpServer, 27874*time.Microsecond)
 	r.FirstByte = at(start, 28.108)
 	for _, m := range []float64{28.108, 42.647, 58.777, 77.335, 92.863, 108.582, 123.992, 139.724} {
 		r.AddToken(at(start, m), 0, true)
