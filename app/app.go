@@ -188,7 +188,8 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	for _, o := range judge.Config().Objectives {
 		sloNames = append(sloNames, o.Name)
 	}
-	metrics := exporter.New(exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames})
+	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, ProviderName: cfg.Tracing.ProviderName}
+	metrics := exporter.New(mcfg)
 	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
@@ -203,7 +204,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	})
 	var otlp *exporter.OTLP
 	if s.otel.Metrics != nil {
-		if otlp, err = exporter.NewOTLP(s.otel.Metrics); err != nil {
+		if otlp, err = exporter.NewOTLP(s.otel.Metrics, mcfg); err != nil {
 			return nil, err
 		}
 	}

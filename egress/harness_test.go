@@ -263,6 +263,7 @@ type harnessOpts struct {
 	bodyIdle  time.Duration
 	caDir     string
 	rootCAs   *x509.CertPool // nil: the hosted CA
+	otlp      *exporter.OTLP // the pipeline's OTLP metric backend; nil: none
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -274,7 +275,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	h.metrics = exporter.New(exporter.Config{MaxModels: 10})
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.spans))
-	pipe := pipeline.New(pipeline.Options{Live: h.metrics, Models: h.metrics.Models(), Prometheus: h.metrics,
+	pipe := pipeline.New(pipeline.Options{Live: h.metrics, Models: h.metrics.Models(), Prometheus: h.metrics, OTLP: o.otlp,
 		Tracer: tracing.New(tracing.Options{Provider: tp}), Sinks: []record.Sink{h.sink}})
 	cfg := config.EgressDefaults()
 	if o.intercept != nil {

@@ -45,7 +45,7 @@ func BenchmarkPublishPrometheus(b *testing.B) {
 // BenchmarkPublishOTLP is the OTLP backend's work at the end of a
 // 200-token request, its 199 ITL gaps included.
 func BenchmarkPublishOTLP(b *testing.B) {
-	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))
+	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())), Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func BenchmarkPublishOTLP(b *testing.B) {
 // event: one attribute set per instrument and request, not per gap).
 func TestOTLPPublishAllocsPerTokenZero(t *testing.T) {
 	rd := sdkmetric.NewManualReader()
-	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
+	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

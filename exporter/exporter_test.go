@@ -64,7 +64,7 @@ func grep(s, sub string) string {
 // same explicit bucket boundaries as /metrics.
 func TestOTelMetricsSemconv(t *testing.T) {
 	rd := sdkmetric.NewManualReader()
-	om, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
+	om, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,8 @@ const (
 	LReason                   // excluded reason
 	LLoad                     // load bucket labels (configured bounds, +Inf)
 	LTarget                   // egress: the intercept allow-list entry (configured)
+	LProvider                 // gen_ai.provider.name: the configured one (client.go)
+	LTokenType                // gen_ai.token.type: input, output
 	numLabels
 )
 
@@ -49,10 +51,11 @@ type Labels [numLabels]string
 // path.
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
-		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target"}
+		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target",
+		"gen_ai_provider_name", "gen_ai_token_type"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
-		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target"}
+		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type"}
 )
 
 // Instrument is one per-request metric.
@@ -88,6 +91,10 @@ const (
 	TargetDuration
 	TargetTTFT
 	TargetTPOT
+	ClientDuration // the GenAI client metrics of egress requests (client.go)
+	ClientTTFC
+	ClientTPOC
+	ClientTokenUsage
 	numInstruments
 )
 
@@ -208,6 +215,21 @@ var specs = [numInstruments]Spec{
 	TargetTPOT: {Prom: "tokentap_target_time_per_output_token_seconds", OTel: "tokentap.target.time_per_output_token", Unit: "s", Buckets: itlBuckets,
 		Labels: []Label{LTarget, LOperation, LModel, LTraffic}, Exemplar: true,
 		Help: "Egress streaming requests' time per output token after the first, by target."},
+	// The OTel GenAI client metrics (semantic conventions v1.41.0) of
+	// egress requests, where the sidecar is the client of a hosted API:
+	// client.go says what each observes.
+	ClientDuration: {Prom: "gen_ai_client_operation_duration_seconds", OTel: "gen_ai.client.operation.duration", Unit: "s", Buckets: clientSecondsBuckets,
+		Labels: withClient(LErrorType), Exemplar: true,
+		Help: "GenAI operation duration (semconv v1.41.0), egress requests: arrival to the terminal outcome, by target."},
+	ClientTTFC: {Prom: "gen_ai_client_operation_time_to_first_chunk_seconds", OTel: "gen_ai.client.operation.time_to_first_chunk", Unit: "s", Buckets: clientSecondsBuckets,
+		Labels: withClient(), Exemplar: true,
+		Help: "Time to receive the first chunk (semconv v1.41.0), egress streaming requests: arrival to the first output chunk, by target."},
+	ClientTPOC: {Prom: "gen_ai_client_operation_time_per_output_chunk_seconds", OTel: "gen_ai.client.operation.time_per_output_chunk", Unit: "s", Buckets: clientSecondsBuckets,
+		Labels: withClient(),
+		Help:   "Time per output chunk (semconv v1.41.0), egress streaming requests: one observation per output chunk after the first, from the end of the previous chunk to the end of this one, by target."},
+	ClientTokenUsage: {Prom: "gen_ai_client_token_usage", OTel: "gen_ai.client.token.usage", Unit: "{token}", Buckets: clientTokenBuckets,
+		Labels: withClient(LTokenType),
+		Help:   "Number of input and output tokens used (semconv v1.41.0), egress requests whose counts are known: one observation per request and token type, by target."},
 }
 
 // Specs returns a copy of every instrument's description.
@@ -226,7 +248,8 @@ func BaseLabels(k record.Key) Labels {
 type Emit func(i Instrument, v float64, l *Labels)
 
 // Map maps a finished record to its observations. l holds the request's
-// base labels (BaseLabels). gaps says whether to emit the ITL gaps: a
+// base labels (BaseLabels) and the provider name (LProvider, set by the
+// backend). gaps says whether to emit the ITL gaps: a
 // backend that observed them live, per event, asks for none.
 func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 	l[LOutcome], l[LErrorType], l[LModality] = string(r.Outcome), r.ErrorType, "text"
@@ -318,5 +341,6 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 			d, ok = r.TPOT()
 			secs(TargetTPOT, d, ok)
 		}
+		mapClient(r, &l, emit)
 	}
 }

@@ -17,8 +17,8 @@ import (
 // Config sets the bounds of the exported label space and the series to
 // pre-create.
 //
-// The zero value allows 20 model names, declares none and pre-creates no
-// SLO series.
+// The zero value allows 20 model names, declares none, pre-creates no
+// SLO series and names the provider DefaultProviderName.
 type Config struct {
 	// MaxModels is how many distinct model names get their own label
 	// value; later ones are exported as "_other". Zero means 20.
@@ -29,12 +29,17 @@ type Config struct {
 	// SLOs are the declared SLO names: their counters exist from the
 	// start, so rules see 0 rather than no data.
 	SLOs []string
+	// ProviderName is gen_ai.provider.name on the GenAI client metrics
+	// (client.go), as on the spans (config.Tracing.ProviderName); empty
+	// means DefaultProviderName.
+	ProviderName string
 }
 
 // Metrics is the Prometheus backend. Create it with New.
 type Metrics struct {
 	Registry *prometheus.Registry
 	models   *ModelLabels
+	provider string // gen_ai.provider.name
 
 	vecs [numInstruments]prometheus.Collector // *HistogramVec or *CounterVec, per spec
 
@@ -72,7 +77,7 @@ func promLabels(ls []Label) []string {
 // New registers every instrument on a fresh registry, together with the
 // Go runtime and process collectors.
 func New(cfg Config) *Metrics {
-	m := &Metrics{Registry: prometheus.NewRegistry(), models: NewModelLabels(cfg.MaxModels, cfg.Models)}
+	m := &Metrics{Registry: prometheus.NewRegistry(), models: NewModelLabels(cfg.MaxModels, cfg.Models), provider: providerName(cfg.ProviderName)}
 	for i, s := range specs {
 		if s.Counter {
 			m.vecs[i] = prometheus.NewCounterVec(prometheus.CounterOpts{Name: s.Prom, Help: s.Help}, promLabels(s.Labels))
@@ -190,6 +195,7 @@ func (m *Metrics) Publish(r *record.Record, l Labels) {
 		buf      [numLabels]string // label values, on the stack
 		exemplar prometheus.Labels // one map for every exemplar of the request (each observation copies it)
 	)
+	l[LProvider] = m.provider
 	Map(r, l, false, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]
 		values := buf[:len(s.Labels)]

@@ -17,14 +17,16 @@ import (
 // prefer). It observes at the end of each request (gaps included), so
 // the hot path is untouched.
 type OTLP struct {
-	hist [numInstruments]metric.Float64Histogram
-	ctr  [numInstruments]metric.Int64Counter
+	hist     [numInstruments]metric.Float64Histogram
+	ctr      [numInstruments]metric.Int64Counter
+	provider string // gen_ai.provider.name
 }
 
-// NewOTLP creates the instruments on mp.
-func NewOTLP(mp metric.MeterProvider) (*OTLP, error) {
+// NewOTLP creates the instruments on mp. Of cfg it reads ProviderName
+// only: the model label comes bounded in the labels Publish is given.
+func NewOTLP(mp metric.MeterProvider, cfg Config) (*OTLP, error) {
 	m := mp.Meter("github.com/tokentap/tokentap/exporter")
-	o := &OTLP{}
+	o := &OTLP{provider: providerName(cfg.ProviderName)}
 	var errs []error
 	for i, s := range specs {
 		var err error
@@ -58,6 +60,7 @@ func (o *OTLP) Publish(r *record.Record, l Labels) {
 		lastRec []metric.RecordOption
 		lastAdd []metric.AddOption
 	)
+	l[LProvider] = o.provider
 	Map(r, l, true, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]
 		same := i == lastInst

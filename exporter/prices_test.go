@@ -106,7 +106,7 @@ tokentap_slo_requests_by_load_total{load="6",slo="strict"} 1
 	}
 
 	rd := sdkmetric.NewManualReader()
-	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)))
+	o, err := NewOTLP(sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd)), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
