@@ -4,6 +4,12 @@
 #
 #   scripts/test.sh            everything below
 #   scripts/test.sh --quick    everything but the bounded fuzzing
+#   scripts/test.sh --busy     tools, then only the test step's `go test -race
+#                              -count=1 ./...` (CI=true) while two CPU-bound
+#                              loops (`sh -c 'while :; do :; done'`) run beside
+#                              it, killed when the script ends however it
+#                              ends: a contributor's laptop is a busy machine,
+#                              and no test may depend on an idle one
 #
 # Steps, in order; the first that fails stops the run with a non-zero status:
 #   tools        scripts/install-test-tools.sh: prometheus and promtool (apt-get,
@@ -40,10 +46,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-quick=false
+quick=false busy=false
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=true ;;
+    --busy) busy=true ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/test.sh: unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -81,6 +88,20 @@ trap finish EXIT
 
 step "tools" "(scripts/install-test-tools.sh)"
 bash scripts/install-test-tools.sh
+
+if [ "$busy" = true ]; then
+  step "busy" "(CI=true go test -race -count=1 ./... beside two busy loops)"
+  busy_pids=()
+  trap 'finish; [ ${#busy_pids[@]} -eq 0 ] || kill "${busy_pids[@]}" 2>/dev/null || true' EXIT
+  for _ in 1 2; do
+    sh -c 'while :; do :; done' &
+    busy_pids+=("$!")
+  done
+  go test -race -count=1 ./...
+  step "done"
+  printf '== the tests passed beside two busy loops in %ds\n' $((SECONDS - run_start))
+  exit 0
+fi
 
 step "tidy" "(go mod tidy -diff)"
 if ! go mod tidy -diff; then
