@@ -16,7 +16,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"runtime/debug"
@@ -226,24 +225,24 @@ const ProbeHeaderName = "X-Tokentap-Probe"
 type stateKey struct{}
 
 // reqState is one request in flight. It is used by one goroutine at a
-// time (the handler's), except upstreamSent, which the transport's
-// writer goroutine sets.
+// time (the handler's), except phases, whose hooks the transport calls
+// on its own goroutines (phases.go).
 type reqState struct {
-	rec          *record.Record
-	obs          *pipeline.Request
-	clock        record.Clock
-	clientCtx    context.Context
-	ctx          context.Context
-	info         requestInfo
-	injected     bool
-	tap          *tap
-	handled      bool // the error handler answered
-	upstreamSent atomic.Int64
-	finished     bool
-	body         *idleBody // the client's body under BodyReadTimeout, or nil
-	// upConn is the upstream connection of a request that asks to switch
-	// protocols (httptrace's GotConn), for its half-close; nil for others.
-	upConn net.Conn
+	rec       *record.Record
+	obs       *pipeline.Request
+	clock     record.Clock
+	clientCtx context.Context
+	ctx       context.Context
+	info      requestInfo
+	injected  bool
+	tap       *tap
+	handled   bool // the error handler answered
+	finished  bool
+	body      *idleBody // the client's body under BodyReadTimeout, or nil
+	// phases follows the upstream request through httptrace: the record's
+	// connection phases, when it was written, and the upstream connection
+	// of a request that asks to switch protocols (for its half-close).
+	phases phases
 	// upgrade is the spliced upstream connection once the upstream
 	// switched protocols (a 101); nil otherwise.
 	upgrade *upstreamConn
@@ -418,17 +417,7 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	if p.opts.Timeout > 0 {
 		ctx, st.cancel = context.WithTimeout(ctx, p.opts.Timeout)
 	}
-	arrive := st.rec.Arrive
-	trace := &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) {
-			st.upstreamSent.Store(int64(p.clock.Now().Sub(arrive)))
-		},
-	}
-	if upgradeType(r.Header) != "" {
-		// Called before RoundTrip returns, on its goroutine.
-		trace.GotConn = func(i httptrace.GotConnInfo) { st.upConn = i.Conn }
-	}
-	ctx = httptrace.WithClientTrace(ctx, trace)
+	ctx = st.phases.install(ctx, p.clock, upgradeType(r.Header) != "")
 	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx
 	p.inflight.add(st, st.cut)
@@ -559,7 +548,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
 		etype = record.ErrUpstreamTLS
-	case st != nil && st.upstreamSent.Load() > 0:
+	case st != nil && !st.phases.sent().IsZero():
 		// The request was written: the engine was reached, and the
 		// connection broke (or the answer was not HTTP) before the
 		// response headers, as when an engine dies with requests queued.
@@ -602,9 +591,7 @@ func (p *Proxy) finish(st *reqState) []byte {
 	}
 	st.finished = true
 	rec := st.rec
-	if d := st.upstreamSent.Load(); d > 0 {
-		rec.UpstreamSent = rec.Arrive.Add(time.Duration(d))
-	}
+	rec.Upstream, rec.UpstreamSent = st.phases.settle()
 	t := st.tap
 	if t != nil && !t.closed {
 		_ = t.Close() // ReverseProxy closes the body; this is belt and braces

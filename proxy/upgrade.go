@@ -74,7 +74,7 @@ func (p *Proxy) upgrade(st *reqState, resp *http.Response) error {
 	}
 	st.rec.API = record.APIUpgrade
 	st.upgrade = &upstreamConn{ReadWriteCloser: body}
-	if cw, ok := st.upConn.(interface{ CloseWrite() error }); ok {
+	if cw, ok := st.phases.conn.(interface{ CloseWrite() error }); ok {
 		st.upgrade.half = cw
 	}
 	resp.Body = st.upgrade
