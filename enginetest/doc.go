@@ -20,6 +20,13 @@
 // within a stated bound of this client's own clock (formats_test.go says
 // how the clocks are aligned).
 //
+// One test drives a Node client too: the Vercel AI SDK (`ai` and
+// `@ai-sdk/openai-compatible`, exact versions in node/package.json and
+// node/package-lock.json), through node/longbody.mjs. The test runs
+// `npm ci` in node/ when node_modules is missing (the only step that
+// reaches past 127.0.0.1: the npm registry, with the machine's own
+// settings); a missing node or npm skips it, or fails it with CI=true.
+//
 // This is a module of its own (go.mod, with a replace directive to the
 // main module) so that the SDKs stay out of tokentap's go.mod.
 // scripts/test.sh runs its tests with CI=true: a missing ollama fails them
