@@ -29,7 +29,7 @@ func finished(n int) *record.Record {
 	return r
 }
 
-var benchLabels = BaseLabels(record.Key{API: record.APIChat, Model: "m", Traffic: "live"})
+var benchKey = record.Key{API: record.APIChat, Model: "m", Traffic: "live"}
 
 // BenchmarkPublishPrometheus is the Prometheus backend's work at the end
 // of a 200-token request (its gaps were observed live).
@@ -38,7 +38,7 @@ func BenchmarkPublishPrometheus(b *testing.B) {
 	r := finished(200)
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Publish(r, benchLabels)
+		m.Publish(r, benchKey)
 	}
 }
 
@@ -52,7 +52,7 @@ func BenchmarkPublishOTLP(b *testing.B) {
 	r := finished(200)
 	b.ReportAllocs()
 	for b.Loop() {
-		o.Publish(r, benchLabels)
+		o.Publish(r, benchKey)
 	}
 }
 
@@ -66,10 +66,10 @@ func TestOTLPPublishAllocsPerTokenZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	short, long := finished(10), finished(1010)
-	o.Publish(short, benchLabels) // create the series
-	o.Publish(long, benchLabels)
-	a := testing.AllocsPerRun(50, func() { o.Publish(short, benchLabels) })
-	b := testing.AllocsPerRun(50, func() { o.Publish(long, benchLabels) })
+	o.Publish(short, benchKey) // create the series
+	o.Publish(long, benchKey)
+	a := testing.AllocsPerRun(50, func() { o.Publish(short, benchKey) })
+	b := testing.AllocsPerRun(50, func() { o.Publish(long, benchKey) })
 	if b > a {
 		t.Errorf("Publish allocates %.0f times for 10 tokens and %.0f for 1,010: %.3f per token event, want 0", a, b, (b-a)/1000)
 	}

@@ -35,9 +35,9 @@ func TestGenAIClientMetricsOnlyForEgress(t *testing.T) {
 		}
 		r.Terminal, r.InputTokens, r.OutputTokens = r.Arrive.Add(180*time.Millisecond), -1, 3
 		r.Target, r.TargetRule = target, target
-		l := BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
-		om.Publish(r, l)
-		pm.Publish(r, l)
+		k := record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}
+		om.Publish(r, k)
+		pm.Publish(r, k)
 	}
 	publish("")                // behind the reverse proxy: not a client
 	publish("api.openai.test") // egress

@@ -26,7 +26,7 @@ func TestTraceIDExemplarOnTTFT(t *testing.T) {
 	r.AddToken(r.Arrive.Add(120*time.Millisecond), 1, true)
 	r.Terminal = r.Arrive.Add(130 * time.Millisecond)
 	r.TraceID, r.SpanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	m.Publish(r, BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
+	m.Publish(r, record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
 	srv := httptest.NewServer(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	defer srv.Close()
 	req, _ := http.NewRequest("GET", srv.URL, nil)
@@ -75,7 +75,7 @@ func TestOTelMetricsSemconv(t *testing.T) {
 		r.AddToken(r.Arrive.Add(time.Duration(ms)*time.Millisecond), 1, true)
 	}
 	r.Terminal, r.InputTokens, r.OutputTokens = r.Arrive.Add(180*time.Millisecond), 5, 3
-	om.Publish(r, BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
+	om.Publish(r, record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
 	var rm metricdata.ResourceMetrics
 	if err := rd.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -188,13 +188,15 @@ func (q *Request) TapFailed(reason string) { q.m.tapFailures.WithLabelValues(rea
 // Done ends the request's in-flight count.
 func (q *Request) Done() { q.inFlight.Dec() }
 
-// Publish observes a finished record through the one mapping. l are the
-// request's base labels; the ITL gaps were observed live.
-func (m *Metrics) Publish(r *record.Record, l Labels) {
+// Publish observes a finished record through the one mapping, under its
+// key k (k.Model: the bounded model label); the ITL gaps were observed
+// live.
+func (m *Metrics) Publish(r *record.Record, k record.Key) {
 	var (
 		buf      [numLabels]string // label values, on the stack
 		exemplar prometheus.Labels // one map for every exemplar of the request (each observation copies it)
 	)
+	l := BaseLabels(k)
 	l[LProvider] = m.provider
 	Map(r, l, false, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]

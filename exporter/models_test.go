@@ -30,9 +30,8 @@ func TestModelLabelValuesAreSafe(t *testing.T) {
 		r.AddToken(r.Arrive.Add(50*time.Millisecond), 1, true)
 		r.AddToken(r.Arrive.Add(60*time.Millisecond), 1, true)
 		r.Terminal = r.Arrive.Add(70 * time.Millisecond)
-		l := BaseLabels(k)
-		l[LModel] = m.Models().Admit(model)
-		m.Publish(r, l)
+		k.Model = m.Models().Admit(model)
+		m.Publish(r, k)
 	}
 	mfs, err := m.Registry.Gather()
 	if err != nil {

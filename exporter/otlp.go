@@ -41,8 +41,8 @@ func NewOTLP(mp metric.MeterProvider, cfg Config) (*OTLP, error) {
 	return o, errors.Join(errs...)
 }
 
-// Publish records a finished record's observations. l are the request's
-// base labels, bounded as for Prometheus.
+// Publish records a finished record's observations under its key k
+// (k.Model: the model label, bounded as for Prometheus).
 //
 // Design note: the attribute set of an instrument is built once per
 // Publish and reused while its label values stay the same. Map emits
@@ -50,7 +50,7 @@ func NewOTLP(mp metric.MeterProvider, cfg Config) (*OTLP, error) {
 // the same labels, and building a set per gap (a slice, a sorted copy
 // and an interface value) was the sidecar's largest allocation; now a
 // gap allocates nothing (TestOTLPPublishAllocsPerTokenZero).
-func (o *OTLP) Publish(r *record.Record, l Labels) {
+func (o *OTLP) Publish(r *record.Record, k record.Key) {
 	ctx := context.Background()
 	var (
 		lastInst = numInstruments // none yet
@@ -60,6 +60,7 @@ func (o *OTLP) Publish(r *record.Record, l Labels) {
 		lastRec []metric.RecordOption
 		lastAdd []metric.AddOption
 	)
+	l := BaseLabels(k)
 	l[LProvider] = o.provider
 	Map(r, l, true, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]

@@ -85,10 +85,10 @@ func TestByLoadCounters(t *testing.T) {
 	r.Terminal, r.OutputTokens = r.Arrive.Add(180*time.Millisecond), 3
 	r.SLO = []record.Verdict{{Name: "chat", Qualified: true}, {Name: "strict", Failed: []string{"ttft"}}}
 	r.Load, r.LoadBucket = 5.5, "6"
-	l := BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
+	k := record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}
 
 	m := New(Config{SLOs: []string{"chat", "strict"}})
-	m.Publish(r, l)
+	m.Publish(r, k)
 	want := `# HELP tokentap_slo_qualified_output_tokens_by_load_total ` + specs[SLOQualifiedTokensByLoad].Help + `
 # TYPE tokentap_slo_qualified_output_tokens_by_load_total counter
 tokentap_slo_qualified_output_tokens_by_load_total{load="6",slo="chat"} 3
@@ -110,7 +110,7 @@ tokentap_slo_requests_by_load_total{load="6",slo="strict"} 1
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.Publish(r, l)
+	o.Publish(r, k)
 	var rm metricdata.ResourceMetrics
 	if err := rd.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ tokentap_slo_requests_by_load_total{load="6",slo="strict"} 1
 	// Without a load bucket (no meter), none of them.
 	r.LoadBucket = ""
 	n := New(Config{})
-	n.Publish(r, l)
+	n.Publish(r, k)
 	if c, _ := testutil.GatherAndCount(n.Registry, "tokentap_slo_requests_by_load_total"); c != 0 {
 		t.Fatalf("%d by-load series without a load", c)
 	}

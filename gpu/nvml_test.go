@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -96,13 +97,10 @@ func newRig(t *testing.T, cfg Config, scripts ...*script) *rig {
 	return r
 }
 
-// hold holds rec for h as the pipeline does: the attribution is copied
-// into the record, which is then "written".
-func (r *rig) hold(h *Req, rec *record.Record) {
-	r.s.Hold(h, rec, func(a Attribution) {
-		rec.EnergyJ, rec.EnergyDynamicJ, rec.EnergySource = a.EnergyJ, a.DynamicJ, a.Source
-		r.written = append(r.written, rec)
-	})
+// hold holds rec for h as the pipeline does: once attributed, the record
+// is "written".
+func (r *rig) hold(h pipeline.EnergyShare, rec *record.Record) {
+	h.Hold(rec, func() { r.written = append(r.written, rec) })
 }
 
 func (r *rig) tick(sec float64) {

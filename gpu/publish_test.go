@@ -55,7 +55,7 @@ func TestPublishQueueFullNeverBlocksTheSampler(t *testing.T) {
 			for range n {
 				h := r.s.Start(1)
 				h.Tokens(1)
-				r.s.Hold(h, record.New(0), func(Attribution) {
+				h.Hold(record.New(0), func() {
 					<-release
 					mu.Lock()
 					published++

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -21,10 +22,12 @@ type (
 	ModelSpec = config.ModelSpec
 )
 
-// Req is one request's share of the energy. The proxy calls Tokens on
-// the hot path (an atomic add on the request's own counter: no lock
-// shared across requests); the sampler reads it once per interval.
+// Req is one request's share of the energy (a pipeline.EnergyShare).
+// The proxy calls Tokens on the hot path (an atomic add on the request's
+// own counter: no lock shared across requests); the sampler reads it once
+// per interval.
 type Req struct {
+	s       *Sampler
 	tokens  atomic.Int64
 	first   atomic.Bool
 	prefill int64
@@ -35,22 +38,8 @@ type Req struct {
 	energy, dyn    float64
 	sources        uint8 // bit 1: counter, bit 2: power integration
 	done           bool
-	rec            *record.Record // read-only: the finished record (for the decode ratio)
-	then           func(Attribution)
-}
-
-// Attribution is what the sampler measured for one finished request.
-type Attribution struct {
-	// EnergyJ is the GPU energy attributed to the request, DynamicJ the
-	// part above the idle baseline (docs/measurement.md §8).
-	EnergyJ, DynamicJ float64
-	// Source says how it was measured: counter, power_integration, both
-	// joined by "+", or none.
-	Source string
-	// DecodeSOL is the measured decode rate as a fraction of the memory-
-	// bandwidth ceiling; 0 when unknown (no model spec, fewer than 2
-	// tokens).
-	DecodeSOL float64
+	rec            *record.Record // the finished record: its energy fields are set before then
+	then           func()
 }
 
 // Tokens counts n output tokens (n ≥ 1) produced now.
@@ -157,9 +146,9 @@ func NewSampler(src Source, cfg Config, reg prometheus.Registerer) *Sampler {
 func gpuLabels(d DeviceInfo) []string { return []string{strconv.Itoa(d.Index), d.UUID, d.Name} }
 
 // Start tracks a request; prefillTokens is an estimate of its prompt
-// tokens (corrected by nothing: see docs/energy.md).
-func (s *Sampler) Start(prefillTokens int64) *Req {
-	r := &Req{prefill: prefillTokens}
+// tokens (corrected by nothing: see docs/energy.md). It returns a *Req.
+func (s *Sampler) Start(prefillTokens int64) pipeline.EnergyShare {
+	r := &Req{s: s, prefill: prefillTokens}
 	s.mu.Lock()
 	s.active[r] = struct{}{}
 	s.mu.Unlock()
@@ -167,11 +156,13 @@ func (s *Sampler) Start(prefillTokens int64) *Req {
 }
 
 // Hold is called once when r's request has ended, with its finished
-// record (which must not change until then is called). then receives the
-// request's energy once the interval it ended in has been attributed: on
+// record (which must not change until then is called). Once the interval
+// it ended in has been attributed, rec's energy fields are set
+// (EnergyJ, EnergyDynamicJ, EnergySource, DecodeSOL) and then runs: on
 // Run's publisher goroutine (never the sampler's), on Tick's caller when
 // Run is not running, and at once after Run has returned.
-func (s *Sampler) Hold(r *Req, rec *record.Record, then func(Attribution)) {
+func (r *Req) Hold(rec *record.Record, then func()) {
+	s := r.s
 	s.mu.Lock()
 	r.done, r.rec, r.then = true, rec, then
 	stopped := s.stopped
@@ -394,29 +385,30 @@ func (s *Sampler) takeDone() []*Req {
 	return done
 }
 
-// finish hands a held request its attribution. It runs without s.mu:
-// the request is out of the active set, so nothing else touches it.
+// finish writes a held request's attribution into its record and hands
+// it on. It runs without s.mu: the request is out of the active set, so
+// nothing else touches it.
 func (s *Sampler) finish(r *Req) {
-	a := Attribution{EnergyJ: r.energy, DynamicJ: r.dyn}
+	rec := r.rec
+	rec.EnergyJ, rec.EnergyDynamicJ, rec.DecodeSOL = r.energy, r.dyn, 0
 	switch r.sources {
 	case viaCounter:
-		a.Source = "counter"
+		rec.EnergySource = "counter"
 	case viaPower:
-		a.Source = "power_integration"
+		rec.EnergySource = "power_integration"
 	case viaCounter | viaPower:
-		a.Source = "counter+power_integration"
+		rec.EnergySource = "counter+power_integration"
 	default:
-		a.Source = "none"
+		rec.EnergySource = "none"
 	}
-	rec := r.rec
 	if spec, ok := s.cfg.Models[rec.Model]; ok && s.bw > 0 && spec.WeightBytes > 0 && rec.OutputTokens >= 2 {
 		if tpot, ok := rec.TPOT(); ok && tpot > 0 {
 			ctx := math.Max(0, float64(rec.InputTokens)) + float64(rec.OutputTokens)/2
 			ceiling := s.bw / (spec.WeightBytes + ctx*spec.KVBytesPerToken)
-			a.DecodeSOL = (1 / tpot.Seconds()) / ceiling
+			rec.DecodeSOL = (1 / tpot.Seconds()) / ceiling
 		}
 	}
-	r.then(a)
+	r.then()
 }
 
 // flush hands out every request still held (at shutdown).

@@ -17,6 +17,11 @@
 // when the sampler has attributed the interval the request ended in, on
 // the sampler's publisher goroutine (never the sampler's own: see
 // gpu.Sampler.Run); nothing writes the record after stage 4.
+//
+// Each stage is an interface declared here, with record types alone in
+// its methods: the pipeline, and the proxy above it, compile without
+// NVML, gRPC or the OTel SDK (docs/design.md, "Packages and their
+// direction").
 package pipeline
 
 import (
@@ -25,43 +30,60 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/tokentap/tokentap/exporter"
-	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/record"
-	"github.com/tokentap/tokentap/slo"
-	"github.com/tokentap/tokentap/tracing"
 )
 
-// Options are the stages' components. A nil field skips its stage.
+// Options are the stages' components, each behind the small interface
+// declared below (app wires the concrete ones). A nil field skips its
+// stage: leave it unset rather than holding a nil pointer, which in an
+// interface is not nil.
 type Options struct {
 	// Live observes requests while they run (the Prometheus backend's
 	// live instruments). Nil observes nothing live.
 	Live record.Observer
 	// Models bounds the model label of every backend at the end (the
 	// Prometheus live observer shares it); nil keeps names as they are.
-	Models *exporter.ModelLabels
+	Models Models
 	// Judge gives the SLO verdict (stage 3); nil judges nothing.
-	Judge *slo.Judge
+	Judge Judge
 	// Engine ties the engine's own signals to the request, right after
 	// the verdict (stage 3); nil: no engine scraper.
 	Engine EngineSignals
 	// Energy holds records for their energy (stage 4); nil: energy off.
-	Energy *gpu.Sampler
-	// Tracer ends the spans (stage 5); nil traces nothing.
-	Tracer *tracing.Tracer
+	Energy Energy
+	// Tracer starts and ends the spans (stage 5); nil traces nothing.
+	Tracer Tracer
 	// Prometheus and OTLP are the metric backends (stage 6).
-	Prometheus *exporter.Metrics
-	OTLP       *exporter.OTLP
+	Prometheus Metrics
+	OTLP       Metrics
 	// Book is this instance's /slo view (stage 6).
-	Book *slo.Book
+	Book Tally
 	// Load measures the load each request ran under (stage 1: rec.Load,
 	// rec.LoadBucket); nil measures none.
-	Load *slo.LoadMeter
+	Load Load
 	// Scorecard adds cost, energy, latency tail and the knee to /slo
 	// (stage 6); nil: none.
-	Scorecard *slo.Scorecard
+	Scorecard Tally
 	// Sinks receive every record last (stage 7).
 	Sinks []record.Sink
+}
+
+// Models bounds the model label (exporter.ModelLabels).
+type Models interface {
+	// Admit returns the label of a model the engine has just served,
+	// giving it a slot of its own while there is room.
+	Admit(model string) string
+	// Label returns the label of a model without admitting it.
+	Label(model string) string
+}
+
+// Judge gives a finished record its SLO verdict (slo.Judge).
+type Judge interface {
+	// Apply sets rec's classes, stall count and one verdict per SLO in
+	// whose scope it is.
+	Apply(rec *record.Record)
+	// StallThreshold is the gap above which a gap is a stall.
+	StallThreshold() time.Duration
 }
 
 // EngineSignals is what the engine scraper (package engine) says about a
@@ -70,6 +92,76 @@ type Options struct {
 // stallThreshold ("" when none).
 type EngineSignals interface {
 	Signals(rec *record.Record, stallThreshold time.Duration) (preemptions int, cause string)
+}
+
+// Energy attributes the GPUs' energy to requests (gpu.Sampler).
+type Energy interface {
+	// Start tracks a request from now; promptTokens estimates its
+	// prompt's tokens.
+	Start(promptTokens int64) EnergyShare
+}
+
+// EnergyShare is one request's share of the energy.
+type EnergyShare interface {
+	// Tokens counts n tokens produced now (hot path: it allocates
+	// nothing and takes no lock shared across requests).
+	Tokens(n int64)
+	// Hold is called once, when the request has ended, with its finished
+	// record; then runs once the interval it ended in is attributed,
+	// with rec's energy fields set.
+	Hold(rec *record.Record, then func())
+}
+
+// Tracer starts and ends each request's spans (tracing.Tracer).
+type Tracer interface {
+	// Start opens the request's spans and returns the context the
+	// upstream request must carry; nil Spans: the request is not traced.
+	Start(ctx context.Context, r *http.Request, rec *record.Record, upstream *url.URL, p Params, body []byte) (context.Context, Spans)
+	// Inject writes ctx's trace context into the upstream headers.
+	Inject(ctx context.Context, h http.Header)
+	// Capturing reports whether content capture is on.
+	Capturing() bool
+}
+
+// Spans are one traced request's spans.
+type Spans interface {
+	// End closes them with the finished record's numbers; captured is
+	// the response body kept for content capture, or nil.
+	End(rec *record.Record, captured []byte)
+}
+
+// Params are the request's sampling parameters that the inference span
+// carries (gen_ai.request.*); nil and 0 are not sent.
+type Params struct {
+	MaxTokens   int64
+	Temperature *float64
+	TopP        *float64
+	Seed        *int64
+}
+
+// Metrics is a metric backend (exporter.Metrics, exporter.OTLP): it
+// observes a finished record under its key, whose Model is the bounded
+// model label.
+type Metrics interface {
+	Publish(rec *record.Record, k record.Key)
+}
+
+// Tally counts each finished record (slo.Book, slo.Scorecard).
+type Tally interface {
+	Add(rec *record.Record)
+}
+
+// Load measures the load requests run under (slo.LoadMeter).
+type Load interface {
+	// Begin counts a request in flight from now.
+	Begin() LoadSpan
+}
+
+// LoadSpan is one request's life on a Load.
+type LoadSpan interface {
+	// End ends the request and returns the load it ran under and the
+	// label of the load's bucket.
+	End() (load float64, bucket string)
 }
 
 // Pipeline runs the stages. Its methods are safe for concurrent use.
@@ -93,7 +185,7 @@ type Start struct {
 	Upstream *url.URL
 	// Params and Body are the sampling parameters and the request body
 	// (kept only when content capture is on), for the spans.
-	Params tracing.Params
+	Params Params
 	Body   []byte
 	// PromptTokens estimates the prompt's tokens for the energy share;
 	// negative: the request is not tracked for energy.
@@ -108,11 +200,11 @@ type Start struct {
 type Request struct {
 	p      *Pipeline
 	live   record.Observation
-	model  string // as requested
-	labels exporter.Labels
-	energy *gpu.Req
-	load   slo.LoadSpan
-	spans  *tracing.Spans
+	model  string     // as requested
+	key    record.Key // the metric backends' key: its Model is the label
+	energy EnergyShare
+	load   LoadSpan
+	spans  Spans
 	check  func(*record.Record)
 	ended  bool
 }
@@ -122,24 +214,28 @@ type Request struct {
 // carry (the inference span's, when traced).
 func (p *Pipeline) Begin(ctx context.Context, rec *record.Record, s Start) (context.Context, *Request) {
 	k := s.Key
-	q := &Request{p: p, live: p.o.Live.Begin(k), model: k.Model, labels: exporter.BaseLabels(k), check: s.Check}
+	q := &Request{p: p, live: p.o.Live.Begin(k), model: k.Model, key: k, check: s.Check}
 	if p.o.Energy != nil && s.PromptTokens >= 0 {
 		q.energy = p.o.Energy.Start(s.PromptTokens)
 	}
 	if p.o.Load != nil {
 		q.load = p.o.Load.Begin()
 	}
-	if s.HTTP != nil {
+	if s.HTTP != nil && p.o.Tracer != nil {
 		ctx, q.spans = p.o.Tracer.Start(ctx, s.HTTP, rec, s.Upstream, s.Params, s.Body)
 	}
 	return ctx, q
 }
 
 // Inject writes the request's trace context into the upstream headers.
-func (p *Pipeline) Inject(ctx context.Context, h http.Header) { p.o.Tracer.Inject(ctx, h) }
+func (p *Pipeline) Inject(ctx context.Context, h http.Header) {
+	if p.o.Tracer != nil {
+		p.o.Tracer.Inject(ctx, h)
+	}
+}
 
 // Capturing reports whether content capture is on.
-func (p *Pipeline) Capturing() bool { return p.o.Tracer.Capturing() }
+func (p *Pipeline) Capturing() bool { return p.o.Tracer != nil && p.o.Tracer.Capturing() }
 
 // Gap observes one inter-token gap (hot path).
 func (q *Request) Gap(d time.Duration) { q.live.Gap(d) }
@@ -164,7 +260,7 @@ func (q *Request) ResponseModel(name string) {
 	if q.model != "" {
 		return
 	}
-	q.model, q.labels[exporter.LModel] = name, name
+	q.model, q.key.Model = name, name
 	if m, ok := q.live.(interface{ ResponseModel(string) }); ok {
 		m.ResponseModel(name)
 	}
@@ -192,14 +288,14 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	// decided (a name the engine served may take a slot); the load it
 	// ran under is known.
 	q.live.Done()
-	if p.o.Load != nil {
+	if q.load != nil {
 		rec.Load, rec.LoadBucket = q.load.End()
 	}
 	if p.o.Models != nil {
 		if served(rec) {
-			q.labels[exporter.LModel] = p.o.Models.Admit(q.model)
+			q.key.Model = p.o.Models.Admit(q.model)
 		} else {
-			q.labels[exporter.LModel] = p.o.Models.Label(q.model)
+			q.key.Model = p.o.Models.Label(q.model)
 		}
 	}
 	// 2. A canary probe checks its answer and says so in the record.
@@ -208,25 +304,21 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	}
 	// 3. The SLO verdict: classes, stalls, one verdict per SLO in scope.
 	if p.o.Judge != nil {
-		v := p.o.Judge.Judge(rec)
-		rec.PromptClass, rec.OutputClass, rec.Stalls, rec.SLO = v.PromptClass, v.OutputClass, v.Stalls, v.SLO
+		p.o.Judge.Apply(rec)
 	}
 	// The engine's signals: its preemptions while the request ran, and
 	// what coincided with the stalls the verdict counted.
 	if p.o.Engine != nil {
 		var th time.Duration
 		if p.o.Judge != nil {
-			th = p.o.Judge.Config().StallThreshold
+			th = p.o.Judge.StallThreshold()
 		}
 		rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
 	}
 	// 4. Energy: held until the interval the request ended in is
 	// attributed; the rest continues then, on the sampler's publisher.
 	if q.energy != nil {
-		p.o.Energy.Hold(q.energy, rec, func(a gpu.Attribution) {
-			rec.EnergyJ, rec.EnergyDynamicJ, rec.EnergySource, rec.DecodeSOL = a.EnergyJ, a.DynamicJ, a.Source, a.DecodeSOL
-			q.publish(rec, captured)
-		})
+		q.energy.Hold(rec, func() { q.publish(rec, captured) })
 		return
 	}
 	q.publish(rec, captured)
@@ -251,13 +343,15 @@ func (p *Pipeline) Record(rec *record.Record) {
 func (q *Request) publish(rec *record.Record, captured []byte) {
 	p := q.p
 	// 5. The spans end at the record's terminal instant, with its numbers.
-	q.spans.End(rec, captured)
+	if q.spans != nil {
+		q.spans.End(rec, captured)
+	}
 	// 6. The metric backends, through the one mapping.
 	if p.o.Prometheus != nil {
-		p.o.Prometheus.Publish(rec, q.labels)
+		p.o.Prometheus.Publish(rec, q.key)
 	}
 	if p.o.OTLP != nil {
-		p.o.OTLP.Publish(rec, q.labels)
+		p.o.OTLP.Publish(rec, q.key)
 	}
 	if p.o.Book != nil {
 		p.o.Book.Add(rec)

@@ -26,7 +26,6 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
-	"github.com/tokentap/tokentap/tracing"
 )
 
 // Options configures a Proxy.
@@ -382,7 +381,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 		HTTP:     r,
 		Upstream: p.opts.Upstream,
-		Params:   tracing.Params{MaxTokens: info.MaxTokens, Temperature: info.Temperature, TopP: info.TopP, Seed: info.Seed},
+		Params:   pipeline.Params{MaxTokens: info.MaxTokens, Temperature: info.Temperature, TopP: info.TopP, Seed: info.Seed},
 		// The prompt's size in tokens, estimated from the body (4 bytes a
 		// token) until usage says; only its prefill weight depends on it.
 		PromptTokens: max(r.ContentLength, 0) / 4,

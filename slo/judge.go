@@ -11,9 +11,9 @@ import (
 	"github.com/tokentap/tokentap/record"
 )
 
-// Judge judges finished records. It is a pure function of the record and
-// the configuration: it counts nothing and writes nothing; the pipeline
-// copies its Verdict into the record, and the metric backends count it
+// Judge judges finished records. Its Verdict is a pure function of the
+// record and the configuration: it counts nothing; Apply (the pipeline's
+// stage 3) copies it into the record, and the metric backends count it
 // (docs/measurement.md §5).
 //
 // A Judge with no objectives still classifies requests and counts stalls.
@@ -27,6 +27,16 @@ func NewJudge(cfg Config) *Judge { return &Judge{cfg: cfg.WithDefaults()} }
 
 // Config returns the effective configuration.
 func (j *Judge) Config() Config { return j.cfg }
+
+// StallThreshold returns the gap above which a gap is a stall.
+func (j *Judge) StallThreshold() time.Duration { return j.cfg.StallThreshold }
+
+// Apply writes r's verdict into it: its classes, stalls and SLO
+// verdicts.
+func (j *Judge) Apply(r *record.Record) {
+	v := j.Judge(r)
+	r.PromptClass, r.OutputClass, r.Stalls, r.SLO = v.PromptClass, v.OutputClass, v.Stalls, v.SLO
+}
 
 // Verdict is everything judging one record gives.
 type Verdict struct {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
 )
 
 // The live knee (docs/cost.md): every finished request is counted, per
@@ -130,7 +131,7 @@ func NewLoadMeter(buckets LoadBuckets) *LoadMeter {
 // Buckets returns the meter's load buckets.
 func (m *LoadMeter) Buckets() LoadBuckets { return m.buckets }
 
-// LoadSpan is one request's life on a LoadMeter.
+// LoadSpan is one request's life on a LoadMeter (a pipeline.LoadSpan).
 type LoadSpan struct {
 	m        *LoadMeter
 	at       float64 // ns since epoch
@@ -147,8 +148,8 @@ func (m *LoadMeter) advance() float64 {
 	return m.last
 }
 
-// Begin counts a request in flight from now.
-func (m *LoadMeter) Begin() LoadSpan {
+// Begin counts a request in flight from now. It returns a LoadSpan.
+func (m *LoadMeter) Begin() pipeline.LoadSpan {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.advance()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
 )
 
 func TestLoadBuckets(t *testing.T) {
@@ -69,7 +70,7 @@ func TestLoadMeterTimeWeighted(t *testing.T) {
 func TestLoadMeterConcurrent(t *testing.T) {
 	m := NewLoadMeter(NewLoadBuckets(config.Capacity{}))
 	var wg sync.WaitGroup
-	spans := make([]LoadSpan, 50)
+	spans := make([]pipeline.LoadSpan, 50)
 	for i := range spans {
 		spans[i] = m.Begin()
 	}

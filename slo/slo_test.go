@@ -136,7 +136,7 @@ func TestDenominator(t *testing.T) {
 		good(), rec(record.Error, 0), rec(record.Rejected, 0), rec(record.Timeout, 1, 100), rec(record.Cancelled, 2, 100, 130),
 	} {
 		judged(j, r)
-		m.Publish(r, exporter.BaseLabels(record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic}))
+		m.Publish(r, record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
 		book.Add(r)
 	}
 	check := func(what, metric string, want float64, labels ...string) {

@@ -11,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -38,7 +39,7 @@ func TestSpanOfTwoChoices(t *testing.T) {
 	rec.SetChoiceFinish(1, []byte("length"))
 	rec.Terminal = rec.Arrive.Add(320 * ms)
 	_, s := tr.Start(context.Background(), httptest.NewRequest("POST", "/v1/chat/completions", nil), rec,
-		&url.URL{Scheme: "http", Host: "engine:8000"}, Params{}, nil)
+		&url.URL{Scheme: "http", Host: "engine:8000"}, pipeline.Params{}, nil)
 	s.End(rec, nil)
 	found := 0
 	for _, sp := range spans.Ended() {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokentap/tokentap/internal/safe"
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
@@ -141,29 +142,20 @@ func (c *ContentCapture) clean(s string) string {
 	return s
 }
 
-// Params are the request's sampling parameters that the inference span
-// carries.
-type Params struct {
-	MaxTokens   int64
-	Temperature *float64
-	TopP        *float64
-	Seed        *int64
-}
-
 // Spans are one request's two spans. A nil *Spans is a request that is
 // not traced.
 type Spans struct {
 	t              *Tracer
 	server, client trace.Span
-	params         Params
+	params         pipeline.Params
 	body           []byte // the request body, kept only for content capture
 }
 
 // Start opens the two spans at the record's arrival and returns the
-// context the upstream request must carry. It sets rec.TraceID and
-// rec.SpanID when the request is sampled. body is kept only when content
-// capture is on.
-func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record, upstream *url.URL, p Params, body []byte) (context.Context, *Spans) {
+// context the upstream request must carry, and the spans (a *Spans; nil
+// on a nil Tracer). It sets rec.TraceID and rec.SpanID when the request
+// is sampled. body is kept only when content capture is on.
+func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record, upstream *url.URL, p pipeline.Params, body []byte) (context.Context, pipeline.Spans) {
 	if t == nil {
 		return ctx, nil
 	}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -84,7 +85,7 @@ func TestHostileStringsInSpans(t *testing.T) {
 	rec.Terminal = rec.Arrive.Add(time.Millisecond)
 	r := httptest.NewRequest("POST", "/v1/x", nil)
 	r.URL.Path = "/v1/\xff\r\nHost: evil"
-	_, s := tr.Start(context.Background(), r, rec, &url.URL{Scheme: "http", Host: "engine:8000"}, Params{}, nil)
+	_, s := tr.Start(context.Background(), r, rec, &url.URL{Scheme: "http", Host: "engine:8000"}, pipeline.Params{}, nil)
 	s.End(rec, nil)
 	if err := o.Shutdown(context.Background()); err != nil {
 		t.Fatalf("export: %v", err)
