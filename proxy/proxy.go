@@ -617,17 +617,12 @@ func (p *Proxy) finish(st *reqState) []byte {
 
 func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	rec := st.rec
-	cancelled := func() bool {
-		return st.clientCtx.Err() != nil
-	}
-	timedOut := func() bool {
-		return st.ctx.Err() != nil && errors.Is(st.ctx.Err(), context.DeadlineExceeded) && !cancelled()
-	}
 	terminalAt := func(at time.Time) {
 		if rec.Terminal.IsZero() {
 			rec.Terminal = at
 		}
 	}
+	cutOutcome, cutType, cut := st.cutBy()
 	status := rec.HTTPStatus
 	switch {
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
@@ -657,21 +652,13 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		// A stream that ended cleanly without a finish reason because
 		// the sidecar or the client ended it (an upstream may close
 		// gracefully when its connection is shut) is not a truncation.
-		case st.shutDown():
-			rec.Outcome, rec.ErrorType = record.Error, record.ErrShutdown
-		case cancelled():
-			rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
-		case timedOut():
-			rec.Outcome, rec.ErrorType = record.Timeout, record.ErrTimeout
+		case cut:
+			rec.Outcome, rec.ErrorType = cutOutcome, cutType
 		default:
 			rec.Outcome, rec.ErrorType = record.Error, record.ErrIncomplete
 		}
-	case st.shutDown():
-		rec.Outcome, rec.ErrorType = record.Error, record.ErrShutdown
-	case cancelled():
-		rec.Outcome, rec.ErrorType = record.Cancelled, record.ErrCancelled
-	case timedOut():
-		rec.Outcome, rec.ErrorType = record.Timeout, record.ErrTimeout
+	case cut:
+		rec.Outcome, rec.ErrorType = cutOutcome, cutType
 	case t.readErr != nil:
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrUpstreamReset
 	default:
@@ -691,6 +678,20 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	default:
 		terminalAt(now)
 	}
+}
+
+// cutBy says who ended a request before its body was done, if anyone
+// did: the sidecar's shutdown, else the client, else the deadline.
+func (st *reqState) cutBy() (outcome record.Outcome, errorType string, cut bool) {
+	switch {
+	case st.shutDown():
+		return record.Error, record.ErrShutdown, true
+	case st.clientCtx.Err() != nil:
+		return record.Cancelled, record.ErrCancelled, true
+	case errors.Is(st.ctx.Err(), context.DeadlineExceeded):
+		return record.Timeout, record.ErrTimeout, true
+	}
+	return "", "", false
 }
 
 // tokens settles the output token count from the best source
