@@ -2,7 +2,6 @@ package slo
 
 import (
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,11 +90,8 @@ func NewBook(cfg Config, reg prometheus.Registerer) *Book {
 	return b
 }
 
-// Label names of the SLO metrics.
-const (
-	LabelSLO       = "slo"
-	LabelThreshold = "threshold"
-)
+// LabelSLO names the SLO label of the metrics this package registers.
+const LabelSLO = "slo"
 
 // Add counts a finished record's verdicts (those not excluded).
 func (b *Book) Add(r *record.Record) {
@@ -126,22 +122,9 @@ func (b *Book) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Window is a sliding window of verdict counts, in slots: the view of one
 // instance, for the /slo page. Safe for concurrent use; touched once per
 // request, never per token.
-//
-// Each slot also keeps the instant of its first verdict, so that the
-// window knows the time its counts actually cover: from the first verdict
-// it still counts to now (docs/slo.md, goodput on /slo). Dividing by the
-// slots' span instead, rounded down to slot boundaries, under-read every
-// rate by up to a slot (160 requests in 19.9 s read 2.10/s instead of
-// 8.03/s with a 1 h window of 1 min slots).
-type Window struct {
-	mu    sync.Mutex
-	slot  time.Duration
-	slots []slotCounts
-}
+type Window struct{ w sliding[verdictCounts] }
 
-type slotCounts struct {
-	start              time.Time
-	first              time.Time // the slot's first verdict
+type verdictCounts struct {
 	offered, qualified int64
 	tokens             int64
 	failures           map[string]int64
@@ -149,54 +132,39 @@ type slotCounts struct {
 
 // NewWindow returns a window of length d in n slots.
 func NewWindow(d time.Duration, n int) *Window {
-	return &Window{slot: d / time.Duration(n), slots: make([]slotCounts, n)}
+	w := &Window{}
+	w.w.init(d, n)
+	return w
 }
 
 // Add counts a verdict at time now.
 func (w *Window) Add(now time.Time, v record.Verdict, qualifiedTokens int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	start := now.Truncate(w.slot)
-	s := &w.slots[int(start.UnixNano()/int64(w.slot))%len(w.slots)]
-	if !s.start.Equal(start) {
-		*s = slotCounts{start: start, first: now}
-	} else if now.Before(s.first) {
-		s.first = now
-	}
-	s.offered++
-	if v.Qualified {
-		s.qualified++
-		s.tokens += qualifiedTokens
-	}
-	for _, f := range v.Failed {
-		if s.failures == nil {
-			s.failures = map[string]int64{}
+	w.w.add(now, func(s *verdictCounts) {
+		s.offered++
+		if v.Qualified {
+			s.qualified++
+			s.tokens += qualifiedTokens
 		}
-		s.failures[f]++
-	}
+		for _, f := range v.Failed {
+			if s.failures == nil {
+				s.failures = map[string]int64{}
+			}
+			s.failures[f]++
+		}
+	})
 }
 
 // Totals sums the slots within the window ending at now; span is the
 // time the sum covers: from the first verdict counted to now.
 func (w *Window) Totals(now time.Time) (offered, qualified, tokens int64, failures map[string]int64, span time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	failures = map[string]int64{}
-	length := w.slot * time.Duration(len(w.slots))
-	oldest := now
-	for _, s := range w.slots {
-		if s.start.IsZero() || now.Sub(s.start) >= length {
-			continue
-		}
+	span = w.w.sum(now, func(s *verdictCounts) {
 		offered += s.offered
 		qualified += s.qualified
 		tokens += s.tokens
 		for k, v := range s.failures {
 			failures[k] += v
 		}
-		if s.first.Before(oldest) {
-			oldest = s.first
-		}
-	}
-	return offered, qualified, tokens, failures, now.Sub(oldest)
+	})
+	return offered, qualified, tokens, failures, span
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -198,17 +197,13 @@ func (sc *Scorecard) card(i int, now time.Time, st *Status) *Card {
 	return c
 }
 
-// cardWindow is one SLO's sliding window of the sums a card needs, in
-// slots, like the Book's Window.
+// cardWindow is one SLO's sliding window of the sums a card needs.
 type cardWindow struct {
-	mu      sync.Mutex
-	slot    time.Duration
 	buckets int
-	slots   []cardSlot
+	w       sliding[cardSums]
 }
 
-type cardSlot struct {
-	start, first time.Time
+type cardSums struct {
 	// Every record: live output tokens, and attributed energy.
 	liveTokens         int64
 	energyJ, energyDyn float64
@@ -220,51 +215,46 @@ type cardSlot struct {
 }
 
 func newCardWindow(d time.Duration, n, buckets int) *cardWindow {
-	return &cardWindow{slot: d / time.Duration(n), buckets: buckets, slots: make([]cardSlot, n)}
+	w := &cardWindow{buckets: buckets}
+	w.w.init(d, n)
+	return w
 }
 
 func (w *cardWindow) add(now time.Time, r *record.Record, v *record.Verdict, bucket int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	start := now.Truncate(w.slot)
-	s := &w.slots[int(start.UnixNano()/int64(w.slot))%len(w.slots)]
-	if !s.start.Equal(start) {
-		*s = cardSlot{start: start, first: now}
-	} else if now.Before(s.first) {
-		s.first = now
-	}
-	if r.Traffic == "live" && r.OutputTokens > 0 {
-		s.liveTokens += r.OutputTokens
-	}
-	if r.EnergySource != "" && r.EnergySource != "none" {
-		s.energyJ += r.EnergyJ
-		s.energyDyn += r.EnergyDynamicJ
-		s.energyRequests++
-	}
-	if v == nil {
-		return
-	}
-	tokens := int64(0)
-	if v.Qualified && r.OutputTokens > 0 {
-		tokens = r.OutputTokens
-	}
-	s.goodTokens += tokens
-	if bucket >= 0 {
-		if s.offered == nil {
-			s.offered, s.qualified, s.good = make([]int64, w.buckets), make([]int64, w.buckets), make([]int64, w.buckets)
+	w.w.add(now, func(s *cardSums) {
+		if r.Traffic == "live" && r.OutputTokens > 0 {
+			s.liveTokens += r.OutputTokens
 		}
-		s.offered[bucket]++
-		if v.Qualified {
-			s.qualified[bucket]++
-			s.good[bucket] += tokens
+		if r.EnergySource != "" && r.EnergySource != "none" {
+			s.energyJ += r.EnergyJ
+			s.energyDyn += r.EnergyDynamicJ
+			s.energyRequests++
 		}
-	}
-	if r.Stream {
-		if d, ok := r.TTFT(); ok {
-			s.ttft.add(d.Seconds())
+		if v == nil {
+			return
 		}
-		r.Gaps(func(g time.Duration) { s.itl.add(g.Seconds()) })
-	}
+		tokens := int64(0)
+		if v.Qualified && r.OutputTokens > 0 {
+			tokens = r.OutputTokens
+		}
+		s.goodTokens += tokens
+		if bucket >= 0 {
+			if s.offered == nil {
+				s.offered, s.qualified, s.good = make([]int64, w.buckets), make([]int64, w.buckets), make([]int64, w.buckets)
+			}
+			s.offered[bucket]++
+			if v.Qualified {
+				s.qualified[bucket]++
+				s.good[bucket] += tokens
+			}
+		}
+		if r.Stream {
+			if d, ok := r.TTFT(); ok {
+				s.ttft.add(d.Seconds())
+			}
+			r.Gaps(func(g time.Duration) { s.itl.add(g.Seconds()) })
+		}
+	})
 }
 
 type cardTotals struct {
@@ -277,16 +267,8 @@ type cardTotals struct {
 }
 
 func (w *cardWindow) totals(now time.Time) cardTotals {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	t := cardTotals{offered: make([]int64, w.buckets), qualified: make([]int64, w.buckets), good: make([]int64, w.buckets)}
-	length := w.slot * time.Duration(len(w.slots))
-	oldest := now
-	for i := range w.slots {
-		s := &w.slots[i]
-		if s.start.IsZero() || now.Sub(s.start) >= length {
-			continue
-		}
+	t.span = w.w.sum(now, func(s *cardSums) {
 		t.liveTokens += s.liveTokens
 		t.goodTokens += s.goodTokens
 		t.energyJ += s.energyJ
@@ -299,11 +281,7 @@ func (w *cardWindow) totals(now time.Time) cardTotals {
 		}
 		t.ttft.merge(&s.ttft)
 		t.itl.merge(&s.itl)
-		if s.first.Before(oldest) {
-			oldest = s.first
-		}
-	}
-	t.span = now.Sub(oldest)
+	})
 	return t
 }
 
