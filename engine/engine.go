@@ -246,11 +246,7 @@ func (s *Scraper) say(res result) {
 	}
 }
 
-func (s *Scraper) url(path string) string {
-	u := *s.base
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
-	return u.Redacted()
-}
+func (s *Scraper) url(path string) string { return s.base.JoinPath(path).Redacted() }
 
 // result is what one fetch found.
 type result struct {
@@ -297,8 +293,7 @@ func (s *Scraper) fetch(ctx context.Context) result {
 
 func (s *Scraper) get(ctx context.Context, path string) result {
 	r := result{path: path}
-	u := *s.base
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
+	u := s.base.JoinPath(path)
 	u.RawQuery = ""
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,11 +120,7 @@ func (b *basicAuth) RoundTrip(req *http.Request) (*http.Response, error) {
 	return b.next.RoundTrip(req)
 }
 
-func (u *Upstream) url(path string) string {
-	c := u.base
-	c.Path = strings.TrimSuffix(c.Path, "/") + path
-	return c.String()
-}
+func (u *Upstream) url(path string) string { return u.base.JoinPath(path).String() }
 
 // How often, and within what, each poll asks.
 const (
