@@ -61,12 +61,13 @@ func (k bodyKind) streamed() bool { return k == bodySSE || k == bodyNDJSON }
 //   - "single_lf_framing": the engine separates its events with a single
 //     line ending ("data: {...}\ndata: {...}\n"). See scanPending.
 //
-// A compressed body cannot be framed at all: ServeHTTP does not inject
-// usage for a client that asks for compression (wantsCompression) and asks
-// the engine for identity when it does inject; an engine that compresses
-// anyway gets an opaque tap (TapFailed "content_encoding", set by
-// modifyResponse), and its usage chunk reaches the client: the one case in
-// which an injected usage chunk cannot be removed.
+// A compressed body cannot be framed at all: when it injects usage, the
+// sidecar asks the engine for identity, and it injects for every client
+// that does not refuse identity (refusesIdentity), gzip-asking ones
+// included; an engine that compresses anyway gets an opaque tap
+// (TapFailed "content_encoding", set by modifyResponse), and its usage
+// chunk reaches the client: the one case in which an injected usage
+// chunk cannot be removed.
 type tap struct {
 	body   io.ReadCloser
 	st     *reqState
@@ -880,16 +881,9 @@ func (t *tap) finishStrip() {
 
 // refusesIdentity reports whether a request's Accept-Encoding refuses
 // an uncompressed answer: "identity;q=0", or "*;q=0" without identity
-// named. Design note: when the sidecar injects the usage request it asks
-// the engine for an uncompressed response (Accept-Encoding: identity),
-// because the tap cannot cut the usage chunk out of a compressed body.
-// That is allowed for every client that does not refuse identity, and
-// nearly every client asks for gzip by default (Go's net/http, httpx
-// under the OpenAI Python SDK, requests), so skipping injection for
-// them would lose exact token counts almost everywhere; inference
-// engines do not compress their streams anyway (vLLM, SGLang, TGI,
-// Ollama send SSE uncompressed), so the client's bytes are what they
-// would have been. Only a client that refuses identity gets no injection.
+// named. Only such a client gets no usage injection: the engine is asked
+// for identity when usage is injected (docs/design.md, "Exact token
+// counts without changing the client's bytes", Compression).
 func refusesIdentity(h http.Header) bool {
 	star := false
 	for _, v := range h.Values("Accept-Encoding") {
