@@ -182,9 +182,9 @@ func (t *tap) readPass(p []byte) (int, error) {
 }
 
 // copyBufSize is the size of the buffer ReverseProxy copies a response
-// through (its own default is 32 KiB, allocated per response). Design
-// note: an SSE event is a few hundred bytes, and the transport's own
-// read buffer is 4 KiB, so a stream's reads fit; a large non-streaming
+// through (its own default is 32 KiB, allocated per response). An SSE
+// event is a few hundred bytes and the transport's read buffer is 2 KiB
+// (transportBufSize), so a stream's reads fit; a large non-streaming
 // body takes more reads (8 where 32 KiB took one). The default held 28
 // KiB more for every stream in flight and cost an allocation and its
 // zeroing per response.
@@ -494,8 +494,8 @@ func mergeEngine(dst *record.EngineTimes, src stream.EngineTimes) {
 }
 
 // stripHoldMax bounds the bytes of an incomplete event that strip mode
-// holds back from the client (64 KiB). A read adds at most one read
-// buffer (ReverseProxy's is 32 KiB) before the check, so the tap never
+// holds back from the client (64 KiB). A read adds at most one copy
+// buffer (copyBufSize) before the check, so the tap never
 // holds more than stripHoldMax plus one read. Engine events are a few
 // hundred bytes; one larger than this (a huge logprobs chunk, or a stream
 // that never ends its events) makes strip mode give up ("strip_overflow"):
