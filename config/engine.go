@@ -10,8 +10,9 @@ import (
 // Engine is the engine section: the scraper of the upstream engine's own
 // Prometheus metrics (docs/engine-signals.md).
 //
-// The zero value is not the default; start from EngineDefaults (Defaults
-// does).
+// Every zero field takes its default in WithDefaults: the zero value is
+// EngineDefaults (scrape, every 5s, within 2s; detect the path and the
+// kind; no passthrough).
 type Engine struct {
 	// Enabled is auto (the default: scrape, say once when the engine has
 	// no metrics), on (the same, said as an error) or off.

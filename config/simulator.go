@@ -6,8 +6,13 @@ import (
 	"time"
 )
 
-// Simulator holds the built-in simulated engine's knobs. Zero values
-// take the defaults listed with each field (see SimulatorDefaults).
+// Simulator holds the built-in simulated engine's knobs; each field's
+// comment gives its default (SimulatorDefaults, where the sidecar's
+// configuration starts). WithDefaults fills only Model, MaxBatch,
+// RejectStatus, DecodeBase, StallDuration, MaxTokens and KVCapacityTokens
+// when zero: every other zero is taken as given (no jitter, a
+// probability of 0 never happens, a zero duration takes no time,
+// MaxQueue 0 queues nothing past the batch, Seed 0 is a seed).
 type Simulator struct {
 	Model           string        `yaml:"model"`             // "tokentap-sim"
 	MaxBatch        int           `yaml:"max_batch"`         // 8
@@ -46,9 +51,9 @@ func SimulatorDefaults() Simulator {
 	}
 }
 
-// WithDefaults fills the zero fields of c from Defaults. Probabilities
-// are taken as given (zero means never); use SimulatorDefaults() as a base to get
-// the default probabilities.
+// WithDefaults fills the zero fields named on Simulator from
+// SimulatorDefaults (and a negative MaxQueue with 0); start from
+// SimulatorDefaults to get the other defaults.
 func (c Simulator) WithDefaults() Simulator {
 	d := SimulatorDefaults()
 	if c.Model == "" {
