@@ -73,13 +73,10 @@ func classify(r *http.Request, engine string) record.API {
 	return record.APIOther
 }
 
-// Engine kinds, as app's detection names them; classify depends on some.
+// The engine kinds classify depends on, as engine.Kind names them.
 const (
-	EngineVLLM     = "vllm"
-	EngineSGLang   = "sglang"
 	EngineTGI      = "tgi"
 	EngineLlamaCpp = "llamacpp"
-	EngineOllama   = "ollama"
 )
 
 // formatOf is the wire format of an API's responses.
