@@ -175,7 +175,7 @@ var specs = [numInstruments]Spec{
 	InputTokens: {Prom: "gen_ai_client_inference_usage_input_tokens_total", OTel: "gen_ai.client.inference.usage.input_tokens", Unit: "{token}", Counter: true, Labels: withExtra(LModality),
 		Help: "Input (prompt) tokens reported by the engine's usage numbers, summed over finished requests."},
 	OutputTokens: {Prom: "gen_ai_client_inference_usage_output_tokens_total", OTel: "gen_ai.client.inference.usage.output_tokens", Unit: "{token}", Counter: true, Labels: withExtra(LModality),
-		Help: "Output tokens of finished requests, from the best source available (see tokentap_output_token_source in docs)."},
+		Help: "Output tokens of finished requests, from the best source available (the record's token_source says which; docs/measurement.md §2)."},
 	SLOOffered: {Prom: "tokentap_slo_requests_total", OTel: "tokentap.slo.requests", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
 		Help: "Requests offered to each SLO: every request in its scope that arrived, errors, rejections, timeouts and (unless the SLO excludes them) cancellations included. The attainment denominator."},
 	SLOQualified: {Prom: "tokentap_slo_qualified_requests_total", OTel: "tokentap.slo.qualified_requests", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
@@ -231,9 +231,6 @@ var specs = [numInstruments]Spec{
 		Labels: withClient(LTokenType),
 		Help:   "Number of input and output tokens used (semconv v1.41.0), egress requests whose counts are known: one observation per request and token type, by target."},
 }
-
-// Specs returns a copy of every instrument's description.
-func Specs() []Spec { return append([]Spec{}, specs[:]...) }
 
 // BaseLabels are the labels fixed at a request's start: its key. The
 // model label is set by the caller, bounded (ModelLabels).

@@ -123,9 +123,6 @@ func New(cfg Config) *Metrics {
 	return m
 }
 
-// ModelLabel returns the bounded label value of a model name.
-func (m *Metrics) ModelLabel(model string) string { return m.models.Label(model) }
-
 // SetUpstreamUp records the result of a readiness check.
 func (m *Metrics) SetUpstreamUp(up bool) {
 	if up {

@@ -25,7 +25,7 @@ type Prices struct {
 }
 
 // The price instruments in both backends: the same names, units and
-// label, like the per-request Specs.
+// label, like the per-request instruments (specs).
 var (
 	priceHourly = Spec{Prom: "tokentap_replica_price_per_hour", OTel: "tokentap.replica.price_per_hour",
 		Help: "The replica's declared price per hour (config cost.per_hour, or per_gpu_hour × gpus), in the currency label's unit."}
@@ -34,9 +34,6 @@ var (
 	priceEnergy = Spec{Prom: "tokentap_energy_price_per_kwh", OTel: "tokentap.energy.price_per_kwh",
 		Help: "The declared price of a kWh (config cost.energy_per_kwh), in the currency label's unit: times the measured GPU energy, the energy share of the cost."}
 )
-
-// PriceSpecs describes the price instruments.
-func PriceSpecs() []Spec { return []Spec{priceHourly, priceAccrued, priceEnergy} }
 
 const currencyLabel, currencyAttr = "currency", "tokentap.currency"
 

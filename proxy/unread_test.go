@@ -143,11 +143,11 @@ func TestStreamDecidedByTheResponseWhenTheBodyWasNotReadWhole(t *testing.T) {
 			if len(r.SLO) != 1 || !r.SLO[0].Qualified || len(r.SLO[0].NotApplicable) != 0 {
 				t.Fatalf("verdicts %+v, want the TTFT SLO judged and met", r.SLO)
 			}
-			ttft := exporter.Specs()[exporter.TTFT].Prom
+			ttft := "gen_ai_server_time_to_first_token_seconds"
 			if l := modelLabels(t, m, ttft); !slices.Equal(l, []string{c.model}) {
 				t.Errorf("%s observed under models %q, want [%q]", ttft, l, c.model)
 			}
-			itl := exporter.Specs()[exporter.ITL].Prom
+			itl := "tokentap_inter_token_latency_seconds"
 			if l := modelLabels(t, m, itl); !slices.Equal(l, []string{c.model}) {
 				t.Errorf("%s (live) observed under models %q, want [%q]", itl, l, c.model)
 			}
