@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tokentap/tokentap/internal/page"
+	"github.com/tokentap/tokentap/record"
 )
 
 // Page is the /probes document.
@@ -62,7 +62,7 @@ var pageTmpl = template.Must(template.New("probes").Funcs(template.FuncMap{
 		if f == nil {
 			return "–"
 		}
-		return template.HTMLEscapeString(strings.TrimRight(strings.TrimRight(fmtF(*f), "0"), "."))
+		return fmtF(*f)
 	},
 	"count": func(n *int64) string {
 		if n == nil {
@@ -70,15 +70,44 @@ var pageTmpl = template.Must(template.New("probes").Funcs(template.FuncMap{
 		}
 		return strconv.FormatInt(*n, 10)
 	},
+	"conn": func(u *record.Upstream) string {
+		switch {
+		case u == nil || u.Known&record.UpConnWait == 0:
+			return "–"
+		case u.Reused:
+			return "reused"
+		}
+		return "new"
+	},
+	"phaseNames": func() []string {
+		names := make([]string, len(record.UpstreamPhases))
+		for i, p := range record.UpstreamPhases {
+			names[i] = p.Name
+		}
+		return names
+	},
+	"phase": func(u *record.Upstream, name string) string {
+		for _, p := range record.UpstreamPhases {
+			if u == nil || p.Name != name {
+				continue
+			}
+			if d, ok := u.Phase(p.Bit); ok {
+				return fmtF(msf(d))
+			}
+		}
+		return "–"
+	},
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap probes</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}.failed,.not_sent{color:#b00}.success{color:#070}</style></head><body>
 <h1>Canary probes</h1><p>Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
 {{range .Probes}}<h2>{{.Name}}</h2><p>{{.API}} → {{.Target}}, {{.Schedule}} every {{.IntervalSeconds}} s; {{.ConsecutiveFailures}} failures in a row.
 {{with .LastFailure}}Last failure: {{.Scheduled.Format "15:04:05"}} HTTP {{.HTTPStatus}} {{.Failure}} {{.Detail}}{{end}}</p>
-<table><tr><th>scheduled</th><th>lag ms</th><th>result</th><th>outcome</th><th>HTTP</th><th>TTFT ms</th><th>E2E ms</th><th>tokens</th><th>failure</th></tr>
-{{range .Recent}}<tr><td>{{.Scheduled.Format "15:04:05.000"}}</td><td>{{.LagMS}}</td><td class="{{.Result}}">{{.Result}}</td><td>{{.Outcome}}</td><td>{{.HTTPStatus}}</td><td>{{ms .TTFTMS}}</td><td>{{ms .E2EMS}}</td><td>{{count .OutputTokens}}</td><td>{{.Failure}}</td></tr>{{end}}
+<table><tr><th>scheduled</th><th>lag ms</th><th>result</th><th>outcome</th><th>HTTP</th><th>TTFT ms</th><th>E2E ms</th><th>tokens</th><th>failure</th><th>conn</th><th>conn wait ms</th><th>DNS ms</th><th>connect ms</th><th>TLS ms</th><th>server ms</th></tr>
+{{range .Recent}}<tr><td>{{.Scheduled.Format "15:04:05.000"}}</td><td>{{.LagMS}}</td><td class="{{.Result}}">{{.Result}}</td><td>{{.Outcome}}</td><td>{{.HTTPStatus}}</td><td>{{ms .TTFTMS}}</td><td>{{ms .E2EMS}}</td><td>{{count .OutputTokens}}</td><td>{{.Failure}}</td><td>{{conn .Upstream}}</td>{{$u := .Upstream}}{{range $p := phaseNames}}<td>{{phase $u $p}}</td>{{end}}</tr>{{end}}
 </table>{{end}}</body></html>`))
 
+// fmtF writes a number of milliseconds as JSON would: the shortest form
+// that reads back the same (240, 1.5), never a trailing zero to trim.
 func fmtF(f float64) string { b, _ := json.Marshal(f); return string(b) }
 
 // ServeHTTP serves /probes: HTML, or JSON with ?format=json or an Accept

@@ -93,6 +93,9 @@ type Result struct {
 	OutputTokens *int64    `json:"output_tokens"` // nil (null) when unknown, as in records
 	RecordID     string    `json:"record_id,omitempty"`
 	Prompt       string    `json:"prompt,omitempty"` // only with record_prompt
+	// Upstream is the record's connection phases (its upstream object);
+	// nil when the probe never reached the transport (not sent).
+	Upstream *record.Upstream `json:"upstream,omitempty"`
 }
 
 // Results of a probe.
@@ -367,6 +370,10 @@ func (o *observer) check(r *record.Record) {
 	if v, ok := r.TTFT(); ok {
 		f := msf(v)
 		res.TTFTMS = &f
+	}
+	if r.Upstream.Asked {
+		up := r.Upstream
+		res.Upstream = &up
 	}
 	if v, ok := r.E2E(); ok {
 		f := msf(v)
