@@ -226,7 +226,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	switch cfg.Records {
 	case "":
 	case "-":
-		sinks = append(sinks, record.NewJSONL(env.Stdout))
+		j := record.NewJSONL(env.Stdout)
+		exportStdoutStats(metrics.Registry, j)
+		sinks = append(sinks, j)
 	default:
 		if s.records, err = record.OpenFile(cfg.Records, record.FileOptions{Logger: log}); err != nil {
 			return nil, fmt.Errorf("records: %w", err)
@@ -561,6 +563,14 @@ func exportFileStats(reg prometheus.Registerer, f *record.File) {
 		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error), and batches that went, or would have gone, to a deleted file; each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
 		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
 	)
+}
+
+// exportStdoutStats exports the records that could not be written to
+// stdout (records: -) as tokentap_records_dropped_total, the records
+// file's count of records lost.
+func exportStdoutStats(reg prometheus.Registerer, j *record.JSONL) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_records_dropped_total",
+		Help: "Records not written to stdout (records: -): their write or flush failed."}, func() float64 { return float64(j.Errors()) }))
 }
 
 func flattenJoin(err error) []error {

@@ -14,7 +14,8 @@ type Sink interface {
 
 // JSONL writes one JSON line per record to an io.Writer. Lines are
 // flushed as they are written, so `tail -f` sees each request when it
-// ends. Write errors are counted, never returned to the request path.
+// ends. Write errors are counted (Errors: tokentap_records_dropped_total
+// with records: -), never returned to the request path.
 //
 // A nil *JSONL discards everything.
 type JSONL struct {
