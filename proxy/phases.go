@@ -207,10 +207,11 @@ func (ph *phases) settle() (record.Upstream, time.Time) {
 	defer ph.mu.Unlock()
 	ph.settled = true
 	up := ph.up
-	if !ph.wrote.IsZero() && !ph.firstByte.IsZero() && !ph.firstByte.Before(ph.wrote) {
-		// A response that began before the request was written whole
-		// (an early answer) has no server phase.
-		up.Set(record.UpServer, ph.firstByte.Sub(ph.wrote))
+	if !ph.wrote.IsZero() && !ph.firstByte.IsZero() {
+		// A response that began before the request was written whole (an
+		// early answer, or a body the transport wrote straight to the
+		// connection and answered before its writer reported it) is 0.
+		up.Set(record.UpServer, max(ph.firstByte.Sub(ph.wrote), 0))
 	}
 	return up, ph.wrote
 }

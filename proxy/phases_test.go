@@ -115,15 +115,16 @@ func TestPhasesFromTheHooks(t *testing.T) {
 	up, _ = ph.settle()
 	check("tried again", up, false, map[uint8]any{record.UpConnWait: 3 * ms, record.UpConnect: 3 * ms, record.UpServer: 10 * ms})
 
-	// An upstream that answers before it has read the request whole: no
-	// server phase. A dial that failed: its connect time, no connection.
+	// An upstream that answers before it has read the request whole: a
+	// server phase of 0. A dial that failed: its connect time, no
+	// connection.
 	ph, tr = start()
 	at(0, func() { tr.GetConn("127.0.0.1:8000") })
 	at(0, func() { tr.GotConn(httptrace.GotConnInfo{Reused: true}) })
 	at(3*ms, func() { tr.GotFirstResponseByte() })
 	at(4*ms, func() { tr.WroteRequest(httptrace.WroteRequestInfo{}) })
 	up, _ = ph.settle()
-	check("early answer", up, true, map[uint8]any{record.UpConnWait: time.Duration(0)})
+	check("early answer", up, true, map[uint8]any{record.UpConnWait: time.Duration(0), record.UpServer: time.Duration(0)})
 	ph, tr = start()
 	at(0, func() { tr.GetConn("127.0.0.1:9") })
 	at(0, func() { tr.ConnectStart("tcp", "127.0.0.1:9") })
