@@ -21,28 +21,13 @@ import (
 	"github.com/tokentap/tokentap/stream"
 )
 
-// Span structure (design note). Each understood request gets two spans:
-//
-//   - a SERVER span "{method} {route}" for the request as it passed
-//     through the sidecar, child of the client's traceparent if it sent
-//     one, carrying the HTTP attributes;
-//   - a CLIENT span "{gen_ai.operation.name} {gen_ai.request.model}", the
-//     OTel GenAI inference span (the conventions define only a client
-//     span, and toward the engine the sidecar is its client), child of
-//     the server span. Its context is injected into the upstream request,
-//     so the engine's own spans (vLLM emits them) join the same trace
-//     under it.
-//
-// Every string a client or an engine chose (the path, the method, the
-// model names, the response id, the finish reason, the engine's host) is
-// written through safe.String: the OTLP exporter refuses a whole batch
-// over one attribute that is not valid UTF-8.
-//
-// Two spans rather than one keep the conventions' span kind right on both
-// sides of the hop and show where time went: before the client span
-// starts is the sidecar's own work. Both end at the record's terminal
-// instant; nothing is done per token (events are added at the end from
-// the record's token times).
+// Each understood request gets two spans: a SERVER span "{method}
+// {route}" for the hop through the sidecar and, under it, the CLIENT
+// span "{gen_ai.operation.name} {gen_ai.request.model}", the GenAI
+// inference span, whose context goes upstream; both end at the record's
+// terminal instant (why two: docs/tracing.md, "Spans"). Every string a
+// client or an engine chose goes through safe.String: the OTLP exporter
+// refuses a whole batch over one attribute that is not valid UTF-8.
 
 // Options configure a Tracer.
 type Options struct {
