@@ -6,15 +6,10 @@ import (
 	"github.com/tokentap/tokentap/record"
 )
 
-// The one telemetry mapping (design note). Every number a finished
-// record contributes to a metric is decided here, once, by Map: which
-// instrument, which value, which bounded label values. The Prometheus
-// backend (metrics.go) and the OTLP backend (otlp.go) both consume Map's
-// output and only translate names, so they cannot disagree on what a
-// request counts as, or on a label's value: the bounded model label is
-// applied before Map runs, for both.
-//
-// Definitions: docs/measurement.md; the exported names: docs/metrics.md.
+// Map is the one telemetry mapping: both backends (metrics.go, otlp.go)
+// consume it and only translate names (docs/design.md, "One telemetry
+// mapping"). Definitions: docs/measurement.md; the exported names:
+// docs/metrics.md.
 
 // Label is one attribute of the per-request instruments.
 type Label uint8

@@ -16,8 +16,9 @@ const (
 // its own series.
 const maxModelLabelBytes = 128
 
-// ModelLabels bounds the cardinality of the model label (design note).
-// A model name gets its own label value when:
+// ModelLabels bounds the cardinality of the model label
+// (docs/metrics.md, gen_ai_request_model). A model name gets its own
+// label value when:
 //
 //   - it is declared in the configuration (always), or
 //   - it is on the engine's own list (GET /v1/models, refreshed: SetListed), or
