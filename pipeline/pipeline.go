@@ -13,10 +13,11 @@
 //	  6. metric backends                (exporter.Map → Prometheus, OTLP; /slo book)
 //	  7. record sinks                   (JSONL)
 //
-// Stages 1-3 run on the request's goroutine. With energy on, 5-7 run
-// when the sampler has attributed the interval the request ended in, on
-// the sampler's publisher goroutine (never the sampler's own: see
-// gpu.Sampler.Run); nothing writes the record after stage 4.
+// Stages 1-4 run on End's caller (the proxy's end-stages goroutine with
+// proxy.Options.Ends, else the request's handler), and so do 5-7 with
+// energy off. With energy on, 5-7 run when the sampler has attributed the
+// interval the request ended in, off the sampler's own goroutine (see
+// gpu.Sampler.Run). Nothing writes the record after stage 4.
 //
 // Each stage is an interface declared here, with record types alone in
 // its methods: the pipeline, and the proxy above it, compile without
