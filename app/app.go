@@ -362,22 +362,15 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// IdleTimeout, and a request body idle for BodyReadTimeout is cut
 	// (proxy.Options). There is no write timeout and no whole-request read
 	// timeout: a response streams for as long as the engine sends. A
-	// request line and headers over maxHeaderBytes get a 431.
+	// request line and headers over proxy.MaxHeaderBytes get a 431.
 	// Their ErrorLog counts and logs failed accepts (serverErrors).
 	serverErrs := newServerErrors(log, metrics.Registry, "proxy", "admin")
 	s.proxySrv = &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
-		MaxHeaderBytes: maxHeaderBytes, ErrorLog: serverErrs.logger("proxy")}
+		MaxHeaderBytes: proxy.MaxHeaderBytes, ErrorLog: serverErrs.logger("proxy")}
 	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: serverErrs.logger("admin")}
 	return s, nil
 }
-
-// maxHeaderBytes bounds a proxied request's line and headers together
-// (http.Server.MaxHeaderBytes; net/http allows 4 KiB more and answers
-// 431 past that, an over-long URI included): 64 KiB, far above what an
-// LLM client sends, so that a client cannot push a megabyte of headers
-// (or 10,000 of them) through to the engine (docs/config.md).
-const maxHeaderBytes = 64 << 10
 
 // startSimulator starts the built-in engine on a loopback port; Close
 // stops it.

@@ -221,6 +221,14 @@ func (p *Proxy) engineKind() string {
 // ProbeHeaderName carries Options.ProbeHeader on the sidecar's own probes.
 const ProbeHeaderName = "X-Tokentap-Probe"
 
+// MaxHeaderBytes bounds a proxied request's line and headers together,
+// for the servers in front of a Proxy (http.Server.MaxHeaderBytes;
+// net/http allows 4 KiB more and answers 431 past that, an over-long URI
+// included): 64 KiB, far above what an LLM client sends, so that a
+// client cannot push a megabyte of headers (or 10,000 of them) through
+// to the upstream (docs/config.md).
+const MaxHeaderBytes = 64 << 10
+
 type stateKey struct{}
 
 // reqState is one request in flight. It is used by one goroutine at a
