@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"os"
@@ -113,6 +114,10 @@ type Proxy struct {
 	targets *targets
 	tr      *http.Transport // to the intercepted hosts
 	tunnels connSet         // the upstream ends of blind tunnels
+	// ends counts the intercepted requests' end-of-request stages, run
+	// after their responses (proxy.Options.Ends, shared by every target
+	// proxy); Shutdown waits for them.
+	ends proxy.Ends
 
 	connects *prometheus.CounterVec
 	refused  *prometheus.CounterVec
@@ -157,8 +162,8 @@ func New(opts Options) (*Proxy, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	p := &Proxy{opts: opts, cfg: cfg, log: opts.Logger, match: newMatcher(cfg.Intercept),
-		guard: &guard{lookup: opts.LookupIP, localAddrs: localInterfaceAddrs}}
+	p := &Proxy{opts: opts, cfg: cfg, log: opts.Logger, match: newMatcher(cfg.Intercept)}
+	p.guard = &guard{lookup: p.lookup, localAddrs: localInterfaceAddrs}
 	for _, e := range cfg.TunnelAllow {
 		host, port, _ := config.SplitTunnelEntry(e)
 		p.tunnel = append(p.tunnel, hostPort{pattern: newPattern(host), port: port})
@@ -236,12 +241,15 @@ func New(opts Options) (*Proxy, error) {
 	gp.OnRequest().HandleConnectFunc(p.onConnect)
 	p.gp = gp
 
+	// Both servers bound a request's line and headers as the reverse
+	// proxy's does (proxy.MaxHeaderBytes): past it a 431, nothing
+	// forwarded.
 	errLog := slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug)
 	p.front = &http.Server{Handler: http.HandlerFunc(p.serveFront), ReadHeaderTimeout: opts.ReadHeaderTimeout,
-		IdleTimeout: opts.IdleTimeout, ErrorLog: errLog}
+		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: proxy.MaxHeaderBytes, ErrorLog: errLog}
 	p.mitmLn = newConnListener()
 	p.mitm = &http.Server{Handler: http.HandlerFunc(p.serveIntercepted), ReadHeaderTimeout: opts.ReadHeaderTimeout,
-		IdleTimeout: opts.IdleTimeout, ErrorLog: errLog,
+		IdleTimeout: opts.IdleTimeout, MaxHeaderBytes: proxy.MaxHeaderBytes, ErrorLog: errLog,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if t, ok := p.conns.Load(c); ok {
 				ctx = context.WithValue(ctx, targetKey{}, t.(target))
@@ -317,6 +325,28 @@ func writeBundle(ca *CA) string {
 		return ""
 	}
 	return path
+}
+
+// lookup resolves host with Options.LookupIP. An upstream request's
+// dial (dial, through guard.resolve) resolves here, not in a net.Dialer,
+// so the request's httptrace hears of the lookup from here (DNSStart,
+// DNSDone: the record's DNS phase); a resolver that reports its own
+// (the system's) does so inside these, and the outer pair is the one
+// kept.
+func (p *Proxy) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	tr := httptrace.ContextClientTrace(ctx)
+	if tr != nil && tr.DNSStart != nil {
+		tr.DNSStart(httptrace.DNSStartInfo{Host: host})
+	}
+	addrs, err := p.opts.LookupIP(ctx, host)
+	if tr != nil && tr.DNSDone != nil {
+		done := httptrace.DNSDoneInfo{Err: err, Addrs: make([]net.IPAddr, len(addrs))}
+		for i, a := range addrs {
+			done.Addrs[i] = net.IPAddr{IP: a.AsSlice(), Zone: a.Zone()}
+		}
+		tr.DNSDone(done)
+	}
+	return addrs, err
 }
 
 // dial is the dialer of every upstream connection (the intercepted
@@ -584,6 +614,7 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 		ProbeHeader:     p.opts.ProbeHeader,
 		Target:          t.authority,
 		TargetRule:      t.rule,
+		Ends:            &p.ends,
 	})
 }
 
@@ -613,11 +644,17 @@ func (p *Proxy) Serve(ln net.Listener, own ...net.Addr) error {
 }
 
 // Shutdown stops accepting, then waits until the measured requests in
-// flight are done or ctx ends. Blind tunnels are left to Close.
+// flight are done and their end-of-request stages have run (their
+// records published), or ctx ends. When it ends first, the error says so
+// and the caller may Cut and call Shutdown again. Blind tunnels are left
+// to Close.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	err := p.front.Shutdown(ctx)
 	p.mitmLn.Close()
-	return errors.Join(err, p.mitm.Shutdown(ctx))
+	if err = errors.Join(err, p.mitm.Shutdown(ctx)); err != nil {
+		return err
+	}
+	return p.ends.Wait(ctx)
 }
 
 // Cut ends every measured request still in flight, recorded as
