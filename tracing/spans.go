@@ -180,6 +180,16 @@ func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record,
 	return ctx, s
 }
 
+// upstreamAttr names each connection phase's attribute:
+// tokentap.upstream.<phase>, in seconds.
+var upstreamAttr = func() map[uint8]string {
+	m := make(map[uint8]string, len(record.UpstreamPhases))
+	for _, p := range record.UpstreamPhases {
+		m[p.Bit] = "tokentap.upstream." + p.Name
+	}
+	return m
+}()
+
 // route returns the span route of a request path: the API's route when
 // the path ends with one, else the path without a trailing slash.
 func route(path string) string {
@@ -264,6 +274,18 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	secs("tokentap.e2e", d, ok)
 	d, ok = rec.MaxITL()
 	secs("tokentap.max_itl", d, ok)
+	if u := &rec.Upstream; u.Asked {
+		// The connection phases (docs/tracing.md): the OTel HTTP span
+		// conventions define none, so they are tokentap's, one attribute
+		// each, on the span whose keep decision they share.
+		if u.Known&record.UpConnWait != 0 {
+			add(attribute.Bool("tokentap.upstream.reused", u.Reused))
+		}
+		for _, p := range record.UpstreamPhases {
+			d, ok = u.Phase(p.Bit)
+			secs(upstreamAttr[p.Bit], d, ok)
+		}
+	}
 	add(attribute.String("tokentap.outcome", string(rec.Outcome)),
 		attribute.String("tokentap.token_source", rec.TokenSource),
 		attribute.String("tokentap.traffic", rec.Traffic),
