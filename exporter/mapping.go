@@ -34,6 +34,8 @@ const (
 	LTarget                   // egress: the intercept allow-list entry (configured)
 	LProvider                 // gen_ai.provider.name: the configured one (client.go)
 	LTokenType                // gen_ai.token.type: input, output
+	LPhase                    // a connection phase: record.UpstreamPhases' names
+	LConnReused               // true, false
 	numLabels
 )
 
@@ -47,10 +49,11 @@ type Labels [numLabels]string
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
 		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target",
-		"gen_ai_provider_name", "gen_ai_token_type"}
+		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
-		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type"}
+		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type",
+		"tokentap.upstream.phase", "tokentap.upstream.conn_reused"}
 )
 
 // Instrument is one per-request metric.
@@ -90,6 +93,7 @@ const (
 	ClientTTFC
 	ClientTPOC
 	ClientTokenUsage
+	UpstreamPhase // the connection phases (docs/measurement.md §1)
 	numInstruments
 )
 
@@ -136,6 +140,9 @@ var (
 	fluidityBuckets  = []float64{0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.97, 0.98, 0.99, 0.995, 1}
 	energyBuckets    = []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100}
 	solBuckets       = []float64{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.2}
+	// phaseBuckets are ttftBuckets below a millisecond too: a loopback
+	// connect or a kept-alive connection's wait is tens of microseconds.
+	phaseBuckets = append([]float64{0.0001, 0.00025, 0.0005}, ttftBuckets...)
 )
 
 var (
@@ -225,6 +232,11 @@ var specs = [numInstruments]Spec{
 	ClientTokenUsage: {Prom: "gen_ai_client_token_usage", OTel: "gen_ai.client.token.usage", Unit: "{token}", Buckets: clientTokenBuckets,
 		Labels: withClient(LTokenType),
 		Help:   "Number of input and output tokens used (semconv v1.41.0), egress requests whose counts are known: one observation per request and token type, by target."},
+	// Where the wait for an answer went before the upstream began it
+	// (docs/measurement.md §1, "Connection phases").
+	UpstreamPhase: {Prom: "tokentap_upstream_phase_seconds", OTel: "tokentap.upstream.phase", Unit: "s", Buckets: phaseBuckets,
+		Labels: []Label{LPhase, LConnReused, LTraffic, LProbe, LTarget},
+		Help:   "Connection phases of requests forwarded upstream, one observation per phase that happened: phase conn_wait (asking the transport for a connection to having one; a new connection's dns, connect and tls included), dns, connect, tls (a new connection's set-up), server (the request written to the response's first byte); conn_reused says whether the connection had carried a request before; target is egress's (empty behind the reverse proxy)."},
 }
 
 // BaseLabels are the labels fixed at a request's start: its key. The
@@ -334,5 +346,17 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 			secs(TargetTPOT, d, ok)
 		}
 		mapClient(r, &l, emit)
+	}
+	if u := &r.Upstream; u.Asked {
+		l[LTarget], l[LConnReused] = r.TargetRule, "false"
+		if u.Known&record.UpConnWait != 0 && u.Reused {
+			l[LConnReused] = "true"
+		}
+		for _, p := range record.UpstreamPhases {
+			if d, ok := u.Phase(p.Bit); ok {
+				l[LPhase] = p.Name
+				emit(UpstreamPhase, d.Seconds(), &l)
+			}
+		}
 	}
 }
