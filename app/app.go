@@ -283,22 +283,10 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 			return nil, err
 		}
 	}
-	popts := pipeline.Options{
-		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals,
-		Prometheus: metrics, Book: book, Load: load, Scorecard: scorecard, Sinks: sinks,
-	}
-	// The stages that may be off: a nil pointer in an interface field
-	// would not be nil.
-	if s.sampler != nil {
-		popts.Energy = s.sampler
-	}
-	if tracer != nil {
-		popts.Tracer = tracer
-	}
-	if otlp != nil {
-		popts.OTLP = otlp
-	}
-	pipe := pipeline.New(popts)
+	pipe := pipeline.New(pipeline.Options{
+		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
+		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: scorecard, Sinks: sinks,
+	})
 
 	// The proxy, and the probes that send canary requests through the
 	// same pipeline.

@@ -29,15 +29,15 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"reflect"
 	"time"
 
 	"github.com/tokentap/tokentap/record"
 )
 
 // Options are the stages' components, each behind the small interface
-// declared below (app wires the concrete ones). A nil field skips its
-// stage: leave it unset rather than holding a nil pointer, which in an
-// interface is not nil.
+// declared below (app wires the concrete ones). A nil field, or one
+// holding a nil pointer, skips its stage.
 type Options struct {
 	// Live observes requests while they run (the Prometheus backend's
 	// live instruments). Nil observes nothing live.
@@ -170,10 +170,30 @@ type Pipeline struct{ o Options }
 
 // New returns a pipeline of the given stages.
 func New(o Options) *Pipeline {
+	unset(&o.Live)
+	unset(&o.Models)
+	unset(&o.Judge)
+	unset(&o.Engine)
+	unset(&o.Energy)
+	unset(&o.Tracer)
+	unset(&o.Prometheus)
+	unset(&o.OTLP)
+	unset(&o.Book)
+	unset(&o.Load)
+	unset(&o.Scorecard)
 	if o.Live == nil {
 		o.Live = record.Nop{}
 	}
 	return &Pipeline{o: o}
+}
+
+// unset makes a stage holding a nil pointer nil: an interface holding
+// one is not nil, and its methods would be called.
+func unset[T any](stage *T) {
+	if v := reflect.ValueOf(stage).Elem(); !v.IsNil() && v.Elem().Kind() == reflect.Pointer && v.Elem().IsNil() {
+		var none T
+		*stage = none
+	}
 }
 
 // Start describes a request at arrival.

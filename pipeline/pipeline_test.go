@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/tokentap/tokentap/exporter"
+	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/slo"
@@ -177,4 +179,31 @@ func requests(t *testing.T, m *exporter.Metrics) float64 {
 		}
 	}
 	return sum
+}
+
+// A stage given as a nil pointer is off, as a nil field is: the sidecar
+// and the tests pass the energy sampler, the tracer and the OTLP backend
+// as nil pointers when they are off, and an interface holding one is not
+// nil.
+func TestNilPointerStagesAreOff(t *testing.T) {
+	var got []*record.Record
+	p := pipeline.New(pipeline.Options{
+		Live: (*exporter.Metrics)(nil), Models: (*exporter.ModelLabels)(nil), Judge: (*slo.Judge)(nil),
+		Energy: (*gpu.Sampler)(nil), Tracer: (*tracing.Tracer)(nil), Prometheus: (*exporter.Metrics)(nil),
+		OTLP: (*exporter.OTLP)(nil), Book: (*slo.Book)(nil), Load: (*slo.LoadMeter)(nil), Scorecard: (*slo.Scorecard)(nil),
+		Sinks: []record.Sink{sinkFunc(func(r *record.Record) { got = append(got, r) })},
+	})
+	rec := record.New(1)
+	rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), record.APIChat, "live", true
+	up, _ := url.Parse("http://127.0.0.1:1")
+	ctx, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: "live"},
+		HTTP: httptest.NewRequest("POST", "/v1/chat/completions", nil), Upstream: up, PromptTokens: 10})
+	p.Inject(ctx, http.Header{})
+	q.Gap(time.Millisecond)
+	q.Tokens(1)
+	rec.HTTPStatus, rec.Outcome, rec.Terminal = 200, record.Success, time.Now()
+	q.End(rec, nil)
+	if len(got) != 1 || p.Capturing() || rec.SLO != nil || rec.EnergySource != "" || rec.TraceID != "" {
+		t.Fatalf("%d records, capturing %v, verdicts %v, energy %q, trace %q", len(got), p.Capturing(), rec.SLO, rec.EnergySource, rec.TraceID)
+	}
 }
