@@ -385,10 +385,10 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 		return
 	}
 	if rec.ResponseModel == "" && len(c.Model) > 0 {
-		rec.ResponseModel = string(c.Model[:min(len(c.Model), record.MaxModelBytes)])
+		rec.ResponseModel = record.Cut(c.Model, record.MaxModelBytes)
 	}
 	if rec.ResponseID == "" && len(c.ID) > 0 {
-		rec.ResponseID = string(c.ID[:min(len(c.ID), maxIDBytes)])
+		rec.ResponseID = record.Cut(c.ID, maxIDBytes)
 	}
 	if c.Error {
 		t.streamErr = true

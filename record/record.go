@@ -258,6 +258,19 @@ func (r *Record) SetModel(name string) {
 	r.Model, r.ModelTruncated = name[:cut], true
 }
 
+// Cut returns b as a string of at most n bytes, cut before a UTF-8
+// continuation byte so that a multi-byte character is never split (an
+// engine's model or id over its bound keeps whole characters).
+func Cut(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	for n > 0 && b[n]&0xC0 == 0x80 {
+		n--
+	}
+	return string(b[:n])
+}
+
 // Reset clears r for reuse, keeping the capacity of its slices.
 func (r *Record) Reset() {
 	ta, tpe := r.TokenAt[:0], r.TokensPerEvent[:0]
