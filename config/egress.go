@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Egress is the egress section: a forward HTTPS proxy (HTTPS_PROXY) that
@@ -84,7 +86,7 @@ type Egress struct {
 // EgressDefaults returns the egress section before any file, env or flag.
 func EgressDefaults() Egress {
 	return Egress{
-		Intercept:   []string{"api.openai.com", "api.anthropic.com", "*.openai.azure.com"},
+		Intercept:   stream.EgressHosts(),
 		InjectUsage: true,
 		Tunnel:      true,
 		HTTP2:       true,

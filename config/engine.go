@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Engine is the engine section: the scraper of the upstream engine's own
@@ -33,8 +35,9 @@ type Engine struct {
 	Passthrough bool `yaml:"passthrough"`
 }
 
-// EngineKinds are the values Kind accepts besides "" and "auto".
-var EngineKinds = []string{"vllm", "sglang", "tgi", "llamacpp", "trtllm", "dynamo", "ollama", "simulator"}
+// EngineKinds are the values Kind accepts besides "" and "auto"
+// (stream.EngineKinds).
+var EngineKinds = stream.EngineKinds
 
 // EngineDefaults returns the engine section before any file, env or flag.
 func EngineDefaults() Engine {

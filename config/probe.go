@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // ProbeDef is one named probe. Zero fields take the defaults given per field.
@@ -89,9 +91,16 @@ type Probes struct {
 	History int `yaml:"history"`
 }
 
-// ProbeAPIs returns the APIs a probe can speak.
+// ProbeAPIs returns the APIs a probe can speak: those stream describes
+// with a probe request.
 func ProbeAPIs() []string {
-	return []string{"chat", "completions", "responses", "messages", "ollama_chat", "ollama_generate", "tgi_generate", "llamacpp_completion"}
+	var as []string
+	for _, a := range stream.APIs() {
+		if a.Probe != nil {
+			as = append(as, a.Name)
+		}
+	}
+	return as
 }
 
 // WithDefaults fills the zero fields; call Validate first.
@@ -102,7 +111,7 @@ func (c Probes) WithDefaults(defaultModel string) Probes {
 	out := make([]ProbeDef, len(c.Probes))
 	for i, d := range c.Probes {
 		if d.API == "" {
-			d.API = "chat"
+			d.API = stream.NameChat
 		}
 		if d.Stream == nil {
 			t := true

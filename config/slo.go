@@ -5,13 +5,19 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
-// APIs are the values of a record's api field (record.APIs; config
-// imports no package of this project, so the list is repeated here and a
-// test in package record keeps the two equal).
-var APIs = []string{"chat", "completions", "responses", "messages", "ollama_chat", "ollama_generate",
-	"tgi_generate", "llamacpp_completion", "upgrade", "other"}
+// APIs are the values of a record's api field (record.APIs), as stream
+// describes them.
+var APIs = func() []string {
+	var as []string
+	for _, a := range stream.APIs() {
+		as = append(as, a.Name)
+	}
+	return as
+}()
 
 // Thresholds are an SLO's limits. A zero field is not part of the SLO.
 type Thresholds struct {

@@ -99,14 +99,14 @@ func Identify(get func(path string) (status int, body []byte, err error)) (id Id
 			}
 		}
 		const how = "/v1/models owned_by"
-		switch owner {
-		case "vllm":
+		switch Kind(owner) {
+		case VLLM:
 			v, _ := obj("/version")
 			return Identity{Kind: VLLM, Version: str(v, "version"), How: how}, true
-		case "sglang":
+		case SGLang:
 			v, _ := obj("/get_server_info")
 			return Identity{Kind: SGLang, Version: str(v, "version"), How: how}, true
-		case "llamacpp":
+		case LlamaCpp:
 			return Identity{Kind: LlamaCpp, How: how}, true
 		case "tokentap":
 			return Identity{Kind: Simulator, How: how}, true

@@ -5,6 +5,8 @@ import (
 	"sort"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Kind names an engine; it is the engine label of every normalised series.
@@ -12,16 +14,17 @@ type Kind string
 
 // The engines whose metrics are normalised (docs/engine-signals.md has
 // the table, with the source of every name).
+// The names are stream's (stream.EngineKinds, the one list).
 const (
 	Unknown   Kind = ""
-	VLLM      Kind = "vllm"
-	SGLang    Kind = "sglang"
-	TGI       Kind = "tgi"
-	LlamaCpp  Kind = "llamacpp"
-	TRTLLM    Kind = "trtllm"
-	Dynamo    Kind = "dynamo"
-	Ollama    Kind = "ollama"
-	Simulator Kind = "simulator" // the built-in engine: vLLM's names
+	VLLM      Kind = stream.EngineVLLM
+	SGLang    Kind = stream.EngineSGLang
+	TGI       Kind = stream.EngineTGI
+	LlamaCpp  Kind = stream.EngineLlamaCpp
+	TRTLLM    Kind = stream.EngineTRTLLM
+	Dynamo    Kind = stream.EngineDynamo
+	Ollama    Kind = stream.EngineOllama
+	Simulator Kind = stream.EngineSimulator // the built-in engine: vLLM's names
 )
 
 // Label is the value of the engine label: "unknown" for Unknown.

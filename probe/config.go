@@ -15,6 +15,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // The section types live in package config (a leaf).
@@ -34,74 +35,20 @@ const (
 	CheckOutputTokens = "output_tokens"
 )
 
-// route is the path a probe's API is served at.
-func route(d *Def) string {
-	switch d.API {
-	case "completions":
-		return "/v1/completions"
-	case "responses":
-		return "/v1/responses"
-	case "messages":
-		return "/v1/messages"
-	case "ollama_chat":
-		return "/api/chat"
-	case "ollama_generate":
-		return "/api/generate"
-	case "tgi_generate":
-		if *d.Stream {
-			return "/generate_stream"
-		}
-		return "/generate"
-	case "llamacpp_completion":
-		return "/completion"
-	}
-	return "/v1/chat/completions"
-}
-
-// requestBody builds the request body of a probe in its API's own shape
-// (each engine's documented request: see stream/ for the sources).
-func requestBody(d *Def) []byte {
+// request builds the path and body of a probe in its API's own shape
+// (stream.API.Probe). d.API is one of config.ProbeAPIs (Validate).
+func request(d *Def) (string, []byte) {
 	prompt := d.Prompt
 	if d.PromptTokens > 0 {
 		prompt = fixedPrompt(d.PromptTokens)
 	}
-	messages := []map[string]string{{"role": "user", "content": prompt}}
-	var m map[string]any
-	switch d.API {
-	case "responses":
-		m = map[string]any{"model": d.Model, "input": prompt, "max_output_tokens": d.MaxTokens, "temperature": *d.Temperature, "stream": *d.Stream}
-	case "messages":
-		m = map[string]any{"model": d.Model, "messages": messages, "max_tokens": d.MaxTokens, "temperature": *d.Temperature, "stream": *d.Stream}
-	case "ollama_chat", "ollama_generate":
-		m = map[string]any{"model": d.Model, "stream": *d.Stream,
-			"options": map[string]any{"num_predict": d.MaxTokens, "temperature": *d.Temperature, "seed": *d.Seed}}
-		if d.API == "ollama_chat" {
-			m["messages"] = messages
-		} else {
-			m["prompt"] = prompt
-		}
-	case "tgi_generate":
-		params := map[string]any{"max_new_tokens": d.MaxTokens, "seed": *d.Seed, "details": true}
-		if *d.Temperature > 0 { // TGI refuses temperature 0: greedy is its default
-			params["temperature"] = *d.Temperature
-		}
-		m = map[string]any{"inputs": prompt, "parameters": params}
-	case "llamacpp_completion":
-		m = map[string]any{"prompt": prompt, "n_predict": d.MaxTokens, "temperature": *d.Temperature, "seed": *d.Seed, "stream": *d.Stream}
-	default:
-		m = map[string]any{"model": d.Model, "max_tokens": d.MaxTokens, "temperature": *d.Temperature,
-			"seed": *d.Seed, "stream": *d.Stream}
-		if d.API == "completions" {
-			m["prompt"] = prompt
-		} else {
-			m["messages"] = messages
-		}
-	}
+	path, m := stream.LookupAPI(d.API).Probe(stream.ProbeParams{Model: d.Model, Prompt: prompt, MaxTokens: d.MaxTokens,
+		Temperature: *d.Temperature, Seed: *d.Seed, Stream: *d.Stream})
 	if d.IgnoreEOS {
 		m["ignore_eos"] = true
 	}
 	b, _ := json.Marshal(m)
-	return b
+	return path, b
 }
 
 // fixedPrompt is a deterministic prompt of about n tokens: n short common

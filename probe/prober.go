@@ -300,7 +300,8 @@ func (c *capture) Flush() {}
 // SLO judge and exporter as live traffic, labelled traffic="canary".
 func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	d := &s.def
-	target, path := p.opts.Upstream, route(d)
+	path, body := request(d)
+	target := p.opts.Upstream
 	if d.URL != "" {
 		target, _ = url.Parse(d.URL) // validated by config
 	}
@@ -310,12 +311,11 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	cw := &capture{h: http.Header{}}
 	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
 	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
-		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: engineOf(d.API), NextID: p.nextID})
+		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: stream.LookupAPI(d.API).Engine, NextID: p.nextID})
 	if err != nil {
 		p.log.Error("probe", "probe", d.Name, "err", err)
 		return
 	}
-	body := requestBody(d)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range d.Headers {
@@ -399,18 +399,6 @@ func (o *observer) check(r *record.Record) {
 	}
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: o.scheduled, Result: res.Result, Check: res.Check, Failure: res.Failure}
 	o.p.finish(o.s, res)
-}
-
-// engineOf is the engine kind a probe's API implies, for the routes
-// whose meaning depends on it (TGI's /generate).
-func engineOf(api string) string {
-	switch api {
-	case "tgi_generate":
-		return proxy.EngineTGI
-	case "llamacpp_completion":
-		return proxy.EngineLlamaCpp
-	}
-	return ""
 }
 
 func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }

@@ -36,59 +36,32 @@ const (
 	ReadUnparsed = "unparsed" // the body was not one JSON object
 )
 
-// classify maps a route to the API it speaks (docs/records.md, api). Only
-// POSTs are understood; the "/v1" prefix of the OpenAI routes is optional
-// because some engines and gateways serve them at the root. engine is the
-// detected engine kind ("" when unknown): two routes mean different
-// things on different engines. llama.cpp serves its native completion
-// API at /completions, not the OpenAI one (tools/server/server.cpp), and
-// /generate is TGI's native route only on TGI (SGLang has another
-// /generate). A llama.cpp native payload reaching the completions
-// adapter is read all the same (stream.ParseOpenAI hands it over).
+// classify maps a route to the API it speaks (stream.Classify: the
+// routes are in each API's description). Only POSTs are understood.
+// engine is the detected engine kind ("" when unknown): two routes mean
+// different things on different engines.
 func classify(r *http.Request, engine string) record.API {
 	if r.Method != http.MethodPost {
 		return record.APIOther
 	}
-	p := strings.TrimSuffix(r.URL.Path, "/")
-	switch {
-	case strings.HasSuffix(p, "/chat/completions"):
-		return record.APIChat
-	case p == "/completions" && engine == EngineLlamaCpp:
-		return record.APILlamaCppCompletion
-	case strings.HasSuffix(p, "/completions"):
-		return record.APICompletions
-	case strings.HasSuffix(p, "/v1/responses") || p == "/responses":
-		return record.APIResponses
-	case strings.HasSuffix(p, "/v1/messages") || p == "/messages":
-		return record.APIMessages
-	case strings.HasSuffix(p, "/api/chat"):
-		return record.APIOllamaChat
-	case strings.HasSuffix(p, "/api/generate"):
-		return record.APIOllamaGenerate
-	case strings.HasSuffix(p, "/generate_stream"), p == "/generate" && engine == EngineTGI:
-		return record.APITGIGenerate
-	case p == "/completion":
-		return record.APILlamaCppCompletion
-	}
-	return record.APIOther
+	return record.API(stream.Classify(r.URL.Path, engine).Name)
 }
 
 // The engine kinds classify depends on, as engine.Kind names them.
 const (
-	EngineTGI      = "tgi"
-	EngineLlamaCpp = "llamacpp"
+	EngineTGI      = stream.EngineTGI
+	EngineLlamaCpp = stream.EngineLlamaCpp
 )
 
 // formatOf is the wire format of an API's responses.
 func formatOf(api record.API) stream.Format { return stream.FormatOfAPI(string(api)) }
 
 // injectable reports whether the API has a way to ask the engine for
-// usage in a stream: only OpenAI's stream_options.include_usage (chat and
-// completions). The other formats report their counts unasked (Responses
-// in response.completed, Messages in message_delta, Ollama in its done
-// line, TGI in details, llama.cpp in its stop event) or not at all.
+// usage in a stream (stream.Request.UsageOption: OpenAI's
+// stream_options.include_usage).
 func injectable(api record.API) bool {
-	return api == record.APIChat || api == record.APICompletions
+	a := stream.LookupAPI(string(api))
+	return a != nil && a.Request.UsageOption
 }
 
 type sampling struct {
@@ -122,43 +95,70 @@ type bodyFields struct {
 func (b *bodyFields) info(api record.API, whole bool, path string) requestInfo {
 	in := requestInfo{API: api, Model: b.Model, Whole: whole, Temperature: b.Temperature, TopP: b.TopP, Seed: b.Seed}
 	in.Stream = b.Stream != nil && *b.Stream
-	first := func(ps ...*int64) {
-		for _, p := range ps {
-			if p != nil {
-				in.MaxTokens = *p
-				return
-			}
+	a := stream.LookupAPI(string(api))
+	if a == nil {
+		return in
+	}
+	rq := a.Request
+	if rq.StreamUnlessFalse {
+		in.Stream = b.Stream == nil || *b.Stream
+	}
+	if rq.StreamRoute != "" && strings.HasSuffix(strings.TrimSuffix(path, "/"), rq.StreamRoute) {
+		in.Stream = true
+	}
+	var inner *sampling
+	switch rq.Sampling {
+	case "options":
+		if o := b.Options; o != nil {
+			inner = &o.sampling
+		}
+	case "parameters":
+		if p := b.Parameters; p != nil {
+			inner = &p.sampling
 		}
 	}
-	switch api {
-	case record.APIOllamaChat, record.APIOllamaGenerate:
-		// Ollama streams unless told not to (server/routes.go: only
-		// "stream":false gives application/json).
-		in.Stream = b.Stream == nil || *b.Stream
-		if o := b.Options; o != nil {
-			first(o.NumPredict)
-			in.Temperature, in.TopP, in.Seed = o.Temperature, o.TopP, o.Seed
+	if inner != nil {
+		in.Temperature, in.TopP, in.Seed = inner.Temperature, inner.TopP, inner.Seed
+	}
+	for _, name := range rq.MaxTokens {
+		if p := b.maxTokens(name); p != nil {
+			in.MaxTokens = *p
+			break
 		}
-	case record.APITGIGenerate:
-		in.Stream = in.Stream || strings.HasSuffix(strings.TrimSuffix(path, "/"), "/generate_stream")
-		if p := b.Parameters; p != nil {
-			first(p.MaxNewTokens)
-			in.Temperature, in.TopP, in.Seed = p.Temperature, p.TopP, p.Seed
-		}
-	case record.APIResponses:
-		first(b.MaxOutputTokens)
-	case record.APILlamaCppCompletion:
-		first(b.NPredict, b.MaxCompletionTokens, b.MaxTokens)
-	default:
-		first(b.MaxCompletionTokens, b.MaxTokens)
 	}
 	var so struct {
 		IncludeUsage bool `json:"include_usage"`
 	}
-	if injectable(api) && len(b.StreamOptions) > 0 && json.Unmarshal(b.StreamOptions, &so) == nil {
+	if rq.UsageOption && len(b.StreamOptions) > 0 && json.Unmarshal(b.StreamOptions, &so) == nil {
 		in.IncludeUsage = so.IncludeUsage
 	}
 	return in
+}
+
+// maxTokens is the member of stream.Request.MaxTokens called name, nil
+// when the body has none.
+func (b *bodyFields) maxTokens(name string) *int64 {
+	switch name {
+	case "max_tokens":
+		return b.MaxTokens
+	case "max_completion_tokens":
+		return b.MaxCompletionTokens
+	case "max_output_tokens":
+		return b.MaxOutputTokens
+	case "n_predict":
+		return b.NPredict
+	case "options.num_predict":
+		if b.Options != nil {
+			return b.Options.NumPredict
+		}
+	case "parameters.max_new_tokens":
+		if b.Parameters != nil {
+			return b.Parameters.MaxNewTokens
+		}
+	default:
+		panic("proxy: stream.Request.MaxTokens names an unknown member " + name)
+	}
+	return nil
 }
 
 // member reads one top-level member of a request body into b, if it is

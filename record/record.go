@@ -9,6 +9,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Outcome is the terminal state of a request; every request that arrived
@@ -47,42 +49,42 @@ const (
 // API names the request's route, a bounded label.
 type API string
 
-// The wire formats the tap understands, by route (docs/records.md, api);
-// everything else is APIOther and passes through untouched.
+// The APIs, as stream describes them (stream.APIs: the routes, formats
+// and operation of each); everything no route matches is APIOther and
+// passes through untouched.
 const (
-	APIChat        API = "chat"        // OpenAI Chat Completions
-	APICompletions API = "completions" // OpenAI (legacy) Completions
-	APIResponses   API = "responses"   // OpenAI Responses
-	APIMessages    API = "messages"    // Anthropic Messages
-	// Engines' native APIs.
-	APIOllamaChat         API = "ollama_chat"         // Ollama /api/chat
-	APIOllamaGenerate     API = "ollama_generate"     // Ollama /api/generate
-	APITGIGenerate        API = "tgi_generate"        // TGI /generate_stream, /generate
-	APILlamaCppCompletion API = "llamacpp_completion" // llama.cpp /completion
+	APIChat               API = stream.NameChat
+	APICompletions        API = stream.NameCompletions
+	APIResponses          API = stream.NameResponses
+	APIMessages           API = stream.NameMessages
+	APIOllamaChat         API = stream.NameOllamaChat
+	APIOllamaGenerate     API = stream.NameOllamaGenerate
+	APITGIGenerate        API = stream.NameTGIGenerate
+	APILlamaCppCompletion API = stream.NameLlamaCppCompletion
 	// APIUpgrade is a connection that switched protocols (a 101: a
 	// WebSocket), spliced and not parsed: one record per connection.
-	APIUpgrade API = "upgrade"
-	APIOther   API = "other"
+	APIUpgrade API = stream.NameUpgrade
+	APIOther   API = stream.NameOther
 )
 
-// APIs lists every API, APIOther last.
-var APIs = []API{APIChat, APICompletions, APIResponses, APIMessages, APIOllamaChat, APIOllamaGenerate,
-	APITGIGenerate, APILlamaCppCompletion, APIUpgrade, APIOther}
-
-// Operation returns the gen_ai.operation.name for the API: one of the
-// OTel GenAI well-known values (chat, text_completion), so that the
-// label stays bounded. The Responses API is "chat": the OpenAI
-// conventions define no other name for it (they tell it apart with
-// openai.api.type=responses), and the conventions say to use the
-// applicable well-known value then.
-func (a API) Operation() string {
-	switch a {
-	case APIChat, APIResponses, APIMessages, APIOllamaChat:
-		return "chat"
-	case APICompletions, APIOllamaGenerate, APITGIGenerate, APILlamaCppCompletion:
-		return "text_completion"
+// APIs lists every API (stream.APIs), APIOther last.
+var APIs = func() []API {
+	var as []API
+	for _, a := range stream.APIs() {
+		as = append(as, API(a.Name))
 	}
-	return "other"
+	return as
+}()
+
+// Operation returns the gen_ai.operation.name of the API (stream.API's
+// Operation): one of the OTel GenAI well-known values (chat,
+// text_completion), so that the label stays bounded; "other" for a name
+// that is no API.
+func (a API) Operation() string {
+	if d := stream.LookupAPI(string(a)); d != nil {
+		return d.Operation
+	}
+	return stream.OpOther
 }
 
 // Record is one request: plain data, with no behaviour attached. Time

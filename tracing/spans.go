@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -146,7 +145,7 @@ func (t *Tracer) Start(ctx context.Context, r *http.Request, rec *record.Record,
 	}
 	ctx = t.opts.Propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
 	method, path, model := safe.String(r.Method, 0), safe.String(r.URL.Path, 0), safe.String(rec.Model, 0)
-	ctx, server := t.tracer.Start(ctx, method+" "+route(path), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
+	ctx, server := t.tracer.Start(ctx, method+" "+stream.SpanRoute(path), trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rec.Arrive),
 		trace.WithAttributes(attribute.String("http.request.method", method), attribute.String("url.path", path)))
 	op := rec.API.Operation()
 	name := op
@@ -189,18 +188,6 @@ var upstreamAttr = func() map[uint8]string {
 	}
 	return m
 }()
-
-// route returns the span route of a request path: the API's route when
-// the path ends with one, else the path without a trailing slash.
-func route(path string) string {
-	p := strings.TrimSuffix(path, "/")
-	for _, known := range []string{"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"} {
-		if strings.HasSuffix(p, known) {
-			return known
-		}
-	}
-	return p
-}
 
 // End sets the attributes known from the finished record and closes both
 // spans at its terminal instant (their true end, whenever End is called).

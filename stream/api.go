@@ -1,0 +1,395 @@
+package stream
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// This file is the one description of every API the sidecar understands
+// (docs/design.md, "Adding a wire format"): every list of API names, route
+// switch, request shape, probe request, span route and egress default
+// elsewhere derives from apis and the formats below. An API name that is
+// not here is refused when the configuration is validated; code that asks
+// for an unknown one (FormatOfAPI) panics rather than guess OpenAI.
+
+// Format is one response wire format: the adapter that reads its payloads
+// and how a streamed body of it is framed. Every adapter fills the same
+// Chunk, so the tap measures all formats alike (docs/measurement.md §2,
+// §3). Formats are compared by identity; the zero Format (nil) is none.
+type Format = *WireFormat
+
+// WireFormat describes one Format; only this package builds them.
+type WireFormat struct {
+	name string
+	// parse reads one payload (an event's data, an NDJSON line or a whole
+	// body) into a Chunk without allocating: the hot path.
+	parse func(data []byte, c *Chunk)
+	// answer appends the generated text (not the reasoning) of one
+	// payload, for answer checks and content capture (AnswerTextOf): it
+	// may decode with encoding/json.
+	answer func(data []byte, streamed bool, sb *strings.Builder)
+	// lines: a streamed body whose first byte is '{' is NDJSON (Ollama);
+	// otherwise SSE.
+	lines bool
+	// sse is the format of an SSE body of this format's APIs when that
+	// differs (llama.cpp serves Ollama's /api/chat in the OpenAI format);
+	// nil: this one.
+	sse Format
+}
+
+// String is the format's name.
+func (f *WireFormat) String() string { return f.name }
+
+// SSE is the format that reads an SSE (text/event-stream) body of an API
+// of format f: f itself, unless its APIs are also served as OpenAI SSE.
+func (f *WireFormat) SSE() Format {
+	if f.sse != nil {
+		return f.sse
+	}
+	return f
+}
+
+// The formats the adapters read.
+var (
+	// FormatOpenAI: OpenAI Chat Completions and Completions chunks and
+	// bodies (ParseOpenAI).
+	FormatOpenAI = &WireFormat{name: "openai", parse: ParseOpenAI, answer: answerOpenAI}
+	// FormatResponses: the OpenAI Responses API (ParseResponses).
+	FormatResponses = &WireFormat{name: "responses", parse: ParseResponses, answer: answerResponses}
+	// FormatMessages: Anthropic's Messages API (ParseMessages).
+	FormatMessages = &WireFormat{name: "messages", parse: ParseMessages, answer: answerMessages}
+	// FormatOllama: Ollama's native /api/chat and /api/generate
+	// (ParseOllama); NDJSON when streamed.
+	FormatOllama = &WireFormat{name: "ollama", parse: ParseOllama, answer: answerOllama, lines: true, sse: FormatOpenAI}
+	// FormatTGI: text-generation-inference's native /generate_stream and
+	// /generate (ParseTGI).
+	FormatTGI = &WireFormat{name: "tgi", parse: ParseTGI, answer: answerTGI}
+	// FormatLlamaCpp: llama.cpp server's native /completion (ParseLlamaCpp).
+	FormatLlamaCpp = &WireFormat{name: "llamacpp", parse: ParseLlamaCpp, answer: answerLlamaCpp}
+)
+
+// Parse reads one payload of format f into c. It never allocates.
+func Parse(f Format, data []byte, c *Chunk) { f.parse(data, c) }
+
+// The engine kinds (engine.Kind, the engine.kind setting): the engines
+// whose metrics are normalised and whose routes are known.
+const (
+	EngineVLLM      = "vllm"
+	EngineSGLang    = "sglang"
+	EngineTGI       = "tgi"
+	EngineLlamaCpp  = "llamacpp"
+	EngineTRTLLM    = "trtllm"
+	EngineDynamo    = "dynamo"
+	EngineOllama    = "ollama"
+	EngineSimulator = "simulator" // the built-in engine: vLLM's names
+)
+
+// EngineKinds lists every engine kind; callers must not modify it.
+var EngineKinds = []string{EngineVLLM, EngineSGLang, EngineTGI, EngineLlamaCpp, EngineTRTLLM, EngineDynamo, EngineOllama, EngineSimulator}
+
+// The names of the APIs (record.API's values).
+const (
+	NameChat               = "chat"                // OpenAI Chat Completions
+	NameCompletions        = "completions"         // OpenAI (legacy) Completions
+	NameResponses          = "responses"           // OpenAI Responses
+	NameMessages           = "messages"            // Anthropic Messages
+	NameOllamaChat         = "ollama_chat"         // Ollama /api/chat
+	NameOllamaGenerate     = "ollama_generate"     // Ollama /api/generate
+	NameTGIGenerate        = "tgi_generate"        // TGI /generate_stream, /generate
+	NameLlamaCppCompletion = "llamacpp_completion" // llama.cpp /completion
+	// NameUpgrade is a connection that switched protocols (a 101: a
+	// WebSocket), spliced and not parsed.
+	NameUpgrade = "upgrade"
+	// NameOther is every request no route below matches: passed through
+	// untouched.
+	NameOther = "other"
+)
+
+// The GenAI operation names (gen_ai.operation.name): OTel's well-known
+// values, a bounded label.
+const (
+	OpChat           = "chat"
+	OpTextCompletion = "text_completion"
+	OpOther          = "other"
+)
+
+// API describes one API: everything the sidecar knows about it.
+type API struct {
+	Name string
+	// Format reads its responses; nil for the pass-through APIs (upgrade,
+	// other), whose bodies are never parsed.
+	Format Format
+	// Operation is its gen_ai.operation.name. The Responses API is "chat":
+	// the OpenAI conventions define no other name for it (they tell it
+	// apart with openai.api.type=responses), and the conventions say to
+	// use the applicable well-known value then.
+	Operation string
+	// Routes are the POST paths it is served at (Classify).
+	Routes []Route
+	// Request says where its request body keeps what the peek reads.
+	Request Request
+	// Probe builds a canary probe's path and request body in the API's
+	// own shape (each engine's documented request: see the adapters'
+	// sources); nil: no probe speaks it.
+	Probe func(p ProbeParams) (path string, body map[string]any)
+	// Engine is the engine kind the API implies, for the routes whose
+	// meaning depends on it (a probe's); "" when none.
+	Engine string
+	// SpanRoutes are the routes a request path is named by in its span
+	// when the path ends with one, in order (SpanRoute).
+	SpanRoutes []string
+	// Hosts are its provider's hosted endpoints and AlsoHosts those of
+	// others serving it (Azure OpenAI): the egress proxy's default
+	// intercept list is every API's Hosts, then every API's AlsoHosts
+	// (EgressHosts).
+	Hosts, AlsoHosts []string
+}
+
+// Route is one path an API is served at. The path matches when, without
+// a trailing slash, it ends with Path (or equals it, when Exact); a route
+// with an Engine matches only when the detected engine is that kind, and
+// is tried before every route without one.
+type Route struct {
+	Path   string
+	Exact  bool
+	Engine string
+}
+
+func (r Route) match(p, engine string) bool {
+	if r.Engine != "" && r.Engine != engine {
+		return false
+	}
+	if r.Exact {
+		return p == r.Path
+	}
+	return strings.HasSuffix(p, r.Path)
+}
+
+// Request says where an API's request body keeps the fields the sidecar
+// peeks at. The model and the stream flag are the top-level "model" and
+// "stream" members for every API.
+type Request struct {
+	// StreamUnlessFalse: the response is streamed unless "stream" is
+	// false (Ollama: server/routes.go); otherwise only "stream":true
+	// streams.
+	StreamUnlessFalse bool
+	// StreamRoute is a path suffix that asks for a stream whatever the
+	// body says (TGI's /generate_stream); "" when none.
+	StreamRoute string
+	// MaxTokens are the members giving the output-token limit, the first
+	// present wins: top-level names, or "options.num_predict" and
+	// "parameters.max_new_tokens" inside the Sampling object.
+	MaxTokens []string
+	// Sampling is the member holding temperature, top_p and seed
+	// ("options", "parameters"); "": the top level.
+	Sampling string
+	// UsageOption: the client can ask for usage in a stream with
+	// stream_options.include_usage (OpenAI chat and completions), which
+	// the sidecar may add. The other formats report their counts unasked
+	// or not at all.
+	UsageOption bool
+}
+
+// ProbeParams are a canary probe's settings, as its API's Probe reads
+// them.
+type ProbeParams struct {
+	Model, Prompt string
+	MaxTokens     int
+	Temperature   float64
+	Seed          int64
+	Stream        bool
+}
+
+func chatMessages(prompt string) []map[string]string {
+	return []map[string]string{{"role": "user", "content": prompt}}
+}
+
+// openAIProbe is the Chat Completions (chat true) or Completions request.
+func openAIProbe(path string, chat bool) func(ProbeParams) (string, map[string]any) {
+	return func(p ProbeParams) (string, map[string]any) {
+		m := map[string]any{"model": p.Model, "max_tokens": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed, "stream": p.Stream}
+		if chat {
+			m["messages"] = chatMessages(p.Prompt)
+		} else {
+			m["prompt"] = p.Prompt
+		}
+		return path, m
+	}
+}
+
+// ollamaProbe is Ollama's /api/chat (chat true) or /api/generate request
+// (api/types.go: the limit and the sampling live in options).
+func ollamaProbe(path string, chat bool) func(ProbeParams) (string, map[string]any) {
+	return func(p ProbeParams) (string, map[string]any) {
+		m := map[string]any{"model": p.Model, "stream": p.Stream,
+			"options": map[string]any{"num_predict": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed}}
+		if chat {
+			m["messages"] = chatMessages(p.Prompt)
+		} else {
+			m["prompt"] = p.Prompt
+		}
+		return path, m
+	}
+}
+
+var openAIMaxTokens = []string{"max_completion_tokens", "max_tokens"}
+
+// The APIs.
+var (
+	APIChat = &API{Name: NameChat, Format: FormatOpenAI, Operation: OpChat,
+		Routes:     []Route{{Path: "/chat/completions"}},
+		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true},
+		Probe:      openAIProbe("/v1/chat/completions", true),
+		SpanRoutes: []string{"/v1/chat/completions", "/chat/completions"},
+		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"}}
+	APICompletions = &API{Name: NameCompletions, Format: FormatOpenAI, Operation: OpTextCompletion,
+		Routes:     []Route{{Path: "/completions"}},
+		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true},
+		Probe:      openAIProbe("/v1/completions", false),
+		SpanRoutes: []string{"/v1/completions", "/completions"}}
+	APIResponses = &API{Name: NameResponses, Format: FormatResponses, Operation: OpChat,
+		Routes:  []Route{{Path: "/v1/responses"}, {Path: "/responses", Exact: true}},
+		Request: Request{MaxTokens: []string{"max_output_tokens"}},
+		Probe: func(p ProbeParams) (string, map[string]any) {
+			return "/v1/responses", map[string]any{"model": p.Model, "input": p.Prompt, "max_output_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
+		}}
+	APIMessages = &API{Name: NameMessages, Format: FormatMessages, Operation: OpChat,
+		Routes:  []Route{{Path: "/v1/messages"}, {Path: "/messages", Exact: true}},
+		Request: Request{MaxTokens: openAIMaxTokens},
+		Probe: func(p ProbeParams) (string, map[string]any) {
+			return "/v1/messages", map[string]any{"model": p.Model, "messages": chatMessages(p.Prompt), "max_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
+		},
+		Hosts: []string{"api.anthropic.com"}}
+	APIOllamaChat = &API{Name: NameOllamaChat, Format: FormatOllama, Operation: OpChat,
+		Routes:  []Route{{Path: "/api/chat"}},
+		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options"},
+		Probe:   ollamaProbe("/api/chat", true)}
+	APIOllamaGenerate = &API{Name: NameOllamaGenerate, Format: FormatOllama, Operation: OpTextCompletion,
+		Routes:  []Route{{Path: "/api/generate"}},
+		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options"},
+		Probe:   ollamaProbe("/api/generate", false)}
+	// APITGIGenerate: /generate is TGI's native route only on TGI (SGLang
+	// has another /generate).
+	APITGIGenerate = &API{Name: NameTGIGenerate, Format: FormatTGI, Operation: OpTextCompletion, Engine: EngineTGI,
+		Routes:  []Route{{Path: "/generate_stream"}, {Path: "/generate", Exact: true, Engine: EngineTGI}},
+		Request: Request{StreamRoute: "/generate_stream", MaxTokens: []string{"parameters.max_new_tokens"}, Sampling: "parameters"},
+		Probe: func(p ProbeParams) (string, map[string]any) {
+			params := map[string]any{"max_new_tokens": p.MaxTokens, "seed": p.Seed, "details": true}
+			if p.Temperature > 0 { // TGI refuses temperature 0: greedy is its default
+				params["temperature"] = p.Temperature
+			}
+			path := "/generate"
+			if p.Stream {
+				path = "/generate_stream"
+			}
+			return path, map[string]any{"inputs": p.Prompt, "parameters": params}
+		}}
+	// APILlamaCppCompletion: llama.cpp serves its native completion API at
+	// /completions too, not the OpenAI one (tools/server/server.cpp). A
+	// llama.cpp native payload reaching the completions adapter is read
+	// all the same (ParseOpenAI hands it over).
+	APILlamaCppCompletion = &API{Name: NameLlamaCppCompletion, Format: FormatLlamaCpp, Operation: OpTextCompletion, Engine: EngineLlamaCpp,
+		Routes:  []Route{{Path: "/completions", Exact: true, Engine: EngineLlamaCpp}, {Path: "/completion", Exact: true}},
+		Request: Request{MaxTokens: []string{"n_predict", "max_completion_tokens", "max_tokens"}},
+		Probe: func(p ProbeParams) (string, map[string]any) {
+			return "/completion", map[string]any{"prompt": p.Prompt, "n_predict": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed, "stream": p.Stream}
+		}}
+	APIUpgrade = &API{Name: NameUpgrade, Operation: OpOther}
+	APIOther   = &API{Name: NameOther, Operation: OpOther}
+)
+
+// apis is the registry, in the order of record.APIs: a new API is one
+// line here, before APIUpgrade.
+var apis = []*API{
+	APIChat,
+	APICompletions,
+	APIResponses,
+	APIMessages,
+	APIOllamaChat,
+	APIOllamaGenerate,
+	APITGIGenerate,
+	APILlamaCppCompletion,
+	APIUpgrade,
+	APIOther,
+}
+
+// APIs lists every API, APIOther last; callers must not modify it.
+func APIs() []*API { return apis }
+
+// LookupAPI returns the API named name, nil when there is none.
+func LookupAPI(name string) *API {
+	for _, a := range apis {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+// Classify returns the API a POST to path is, APIOther when no route
+// matches (docs/records.md, api). engine is the detected engine kind (""
+// when unknown): two routes mean different things on different engines.
+func Classify(path, engine string) *API {
+	p := strings.TrimSuffix(path, "/")
+	for _, engineRoutes := range [2]bool{true, false} {
+		for _, a := range apis {
+			for _, r := range a.Routes {
+				if (r.Engine != "") == engineRoutes && r.match(p, engine) {
+					return a
+				}
+			}
+		}
+	}
+	return APIOther
+}
+
+// FormatOfAPI is the format of the responses of the API named api
+// (record.API as a string: stream imports no package of this project),
+// for content capture and answer checks (AnswerTextOf) outside the tap;
+// FormatOpenAI for the pass-through APIs, whose bodies nothing parses. It
+// panics on a name that is no API: a programming error.
+func FormatOfAPI(api string) Format {
+	a := LookupAPI(api)
+	switch {
+	case a == nil:
+		panic(fmt.Sprintf("stream: no API %q", api))
+	case a.Format == nil:
+		return FormatOpenAI
+	}
+	return a.Format
+}
+
+// SpanRoute returns the span route of a request path: an API's span route
+// when the path ends with one, else the path without a trailing slash.
+func SpanRoute(path string) string {
+	p := strings.TrimSuffix(path, "/")
+	for _, a := range apis {
+		for _, known := range a.SpanRoutes {
+			if strings.HasSuffix(p, known) {
+				return known
+			}
+		}
+	}
+	return p
+}
+
+// EgressHosts returns the egress proxy's default intercept list: every
+// API's Hosts, then every API's AlsoHosts, each once.
+func EgressHosts() []string {
+	var hs []string
+	add := func(list []string) {
+		for _, h := range list {
+			if !slices.Contains(hs, h) {
+				hs = append(hs, h)
+			}
+		}
+	}
+	for _, a := range apis {
+		add(a.Hosts)
+	}
+	for _, a := range apis {
+		add(a.AlsoHosts)
+	}
+	return hs
+}
