@@ -1,23 +1,38 @@
 package proxy
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
 	"testing"
 
+	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
 
-// Every member an API's description names for its output-token limit is
-// one the peek reads (bodyFields.maxTokens panics on any other).
-func TestEveryMaxTokensMemberIsRead(t *testing.T) {
-	var b bodyFields
+// The peek reads what every API's request description says, from the
+// request its canary probe sends: the model (from the path where the
+// body names none), the stream flag, the output-token limit and the
+// temperature.
+func TestPeekReadsEveryAPIsProbeRequest(t *testing.T) {
 	for _, a := range stream.APIs() {
-		for _, name := range a.Request.MaxTokens {
-			b.maxTokens(name)
+		if a.Probe == nil {
+			continue
 		}
-		switch a.Request.Sampling {
-		case "", "options", "parameters":
-		default:
-			t.Errorf("%s: sampling member %q is not read", a.Name, a.Request.Sampling)
+		for _, streamed := range []bool{true, false} {
+			path, m := a.Probe(stream.ProbeParams{Model: "m-1", Prompt: "p", MaxTokens: 7, Temperature: 0.5, Seed: 3, Stream: streamed})
+			body, _ := json.Marshal(m)
+			in, _, _, err := peek(io.NopCloser(bytes.NewReader(body)), record.API(a.Name), path, 1<<20, int64(len(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			model := "m-1"
+			if !bytes.Contains(body, []byte(`"model"`)) && a.Request.ModelFromPath == nil {
+				model = "" // TGI and llama.cpp name no model
+			}
+			if in.Model != model || in.Stream != streamed || in.MaxTokens != 7 || in.Temperature == nil || *in.Temperature != 0.5 || !in.Whole {
+				t.Errorf("%s (stream %v) %s %s: %+v", a.Name, streamed, path, body, in)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/tokentap/tokentap/record"
@@ -64,107 +65,132 @@ func injectable(api record.API) bool {
 	return a != nil && a.Request.UsageOption
 }
 
-type sampling struct {
-	Temperature *float64 `json:"temperature"`
-	TopP        *float64 `json:"top_p"`
-	Seed        *int64   `json:"seed"`
+// bodyFields are the top-level members of a request body that the peek
+// keeps: the model, the stream flag, and the raw values of peekKeys (the
+// members some API's stream.Request names), aliasing the body.
+type bodyFields struct {
+	Model  string
+	Stream *bool
+	vals   [][]byte // by index in peekKeys; nil: absent
 }
 
-type bodyFields struct {
-	Model               string          `json:"model"`
-	Stream              *bool           `json:"stream"`
-	MaxTokens           *int64          `json:"max_tokens"`
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	MaxOutputTokens     *int64          `json:"max_output_tokens"` // Responses
-	NPredict            *int64          `json:"n_predict"`         // llama.cpp native
-	StreamOptions       json.RawMessage `json:"stream_options"`
-	sampling
-	// Options are Ollama's (api/types.go: num_predict and the sampling
-	// options live there).
-	Options *struct {
-		NumPredict *int64 `json:"num_predict"`
-		sampling
-	} `json:"options"`
-	// Parameters are TGI's (router/src/lib.rs GenerateParameters).
-	Parameters *struct {
-		MaxNewTokens *int64 `json:"max_new_tokens"`
-		sampling
-	} `json:"parameters"`
+// peekKeys are the top-level members some API's request description
+// names: its output-token limit, its sampling object and parameters, its
+// usage option.
+var peekKeys = func() []string {
+	keys := []string{"stream_options"}
+	add := func(k string) {
+		k, _, _ = strings.Cut(k, ".")
+		if k != "" && !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	for _, a := range stream.APIs() {
+		rq := a.Request
+		for _, k := range rq.MaxTokens {
+			add(k)
+		}
+		add(rq.Sampling)
+		for _, k := range rq.SamplingNames() {
+			add(k)
+		}
+	}
+	return keys
+}()
+
+// raw returns the value of a member path ("max_tokens",
+// "options.num_predict"), nil when the body has none or a level of it is
+// not an object.
+func (b *bodyFields) raw(path string) []byte {
+	top, rest, nested := strings.Cut(path, ".")
+	i := slices.Index(peekKeys, top)
+	if i < 0 || b.vals == nil {
+		return nil
+	}
+	v := b.vals[i]
+	if !nested || v == nil {
+		return v
+	}
+	var inner []byte
+	stream.TopMembers(v, func(k []byte, s, e int) {
+		if string(k) == rest {
+			inner = v[s:e]
+		}
+	})
+	return inner
+}
+
+// object reports whether the member path holds a JSON object.
+func (b *bodyFields) object(path string) bool {
+	v := bytes.TrimLeft(b.raw(path), " \t\r\n")
+	return len(v) > 0 && v[0] == '{'
+}
+
+// decode reads the member path into a new *T: nil when it is absent,
+// null or not a T.
+func decode[T any](b *bodyFields, path string) *T {
+	v := b.raw(path)
+	if v == nil {
+		return nil
+	}
+	var p *T
+	if json.Unmarshal(v, &p) != nil {
+		return nil
+	}
+	return p
 }
 
 func (b *bodyFields) info(api record.API, whole bool, path string) requestInfo {
-	in := requestInfo{API: api, Model: b.Model, Whole: whole, Temperature: b.Temperature, TopP: b.TopP, Seed: b.Seed}
+	in := requestInfo{API: api, Model: b.Model, Whole: whole}
 	in.Stream = b.Stream != nil && *b.Stream
 	a := stream.LookupAPI(string(api))
 	if a == nil {
 		return in
 	}
 	rq := a.Request
+	if in.Model == "" && rq.ModelFromPath != nil {
+		m := rq.ModelFromPath(path)
+		if len(m) > record.MaxModelBytes { // as member keeps it
+			m = m[:record.MaxModelBytes+1]
+		}
+		in.Model = strings.Clone(m)
+	}
 	if rq.StreamUnlessFalse {
 		in.Stream = b.Stream == nil || *b.Stream
 	}
 	if rq.StreamRoute != "" && strings.HasSuffix(strings.TrimSuffix(path, "/"), rq.StreamRoute) {
 		in.Stream = true
 	}
-	var inner *sampling
-	switch rq.Sampling {
-	case "options":
-		if o := b.Options; o != nil {
-			inner = &o.sampling
-		}
-	case "parameters":
-		if p := b.Parameters; p != nil {
-			inner = &p.sampling
-		}
+	// The sampling parameters are the sampling object's when the body has
+	// one, else the top level's.
+	names, prefix := rq.SamplingNames(), ""
+	if rq.Sampling != "" && b.object(rq.Sampling) {
+		prefix = rq.Sampling + "."
+	} else {
+		names = stream.Request{}.SamplingNames()
 	}
-	if inner != nil {
-		in.Temperature, in.TopP, in.Seed = inner.Temperature, inner.TopP, inner.Seed
-	}
+	in.Temperature, in.TopP, in.Seed = decode[float64](b, prefix+names[0]), decode[float64](b, prefix+names[1]), decode[int64](b, prefix+names[2])
 	for _, name := range rq.MaxTokens {
-		if p := b.maxTokens(name); p != nil {
+		if p := decode[int64](b, name); p != nil {
 			in.MaxTokens = *p
 			break
 		}
 	}
-	var so struct {
-		IncludeUsage bool `json:"include_usage"`
-	}
-	if rq.UsageOption && len(b.StreamOptions) > 0 && json.Unmarshal(b.StreamOptions, &so) == nil {
-		in.IncludeUsage = so.IncludeUsage
+	if rq.UsageOption {
+		if so := decode[struct {
+			IncludeUsage bool `json:"include_usage"`
+		}](b, "stream_options"); so != nil {
+			in.IncludeUsage = so.IncludeUsage
+		}
 	}
 	return in
 }
 
-// maxTokens is the member of stream.Request.MaxTokens called name, nil
-// when the body has none.
-func (b *bodyFields) maxTokens(name string) *int64 {
-	switch name {
-	case "max_tokens":
-		return b.MaxTokens
-	case "max_completion_tokens":
-		return b.MaxCompletionTokens
-	case "max_output_tokens":
-		return b.MaxOutputTokens
-	case "n_predict":
-		return b.NPredict
-	case "options.num_predict":
-		if b.Options != nil {
-			return b.Options.NumPredict
-		}
-	case "parameters.max_new_tokens":
-		if b.Parameters != nil {
-			return b.Parameters.MaxNewTokens
-		}
-	default:
-		panic("proxy: stream.Request.MaxTokens names an unknown member " + name)
-	}
-	return nil
-}
-
 // member reads one top-level member of a request body into b, if it is
 // one of those the sidecar uses; a value of the wrong type is ignored.
-// Only these small values are decoded: the messages and prompt, nearly
-// all of a large body, are skipped over where they lie.
+// Only these small values are decoded, when they are used: the messages
+// and prompt, nearly all of a large body, are skipped over where they
+// lie.
 func (b *bodyFields) member(key, val []byte) {
 	switch string(key) {
 	case "model":
@@ -177,12 +203,18 @@ func (b *bodyFields) member(key, val []byte) {
 			}
 			b.Model = m
 		}
-	case "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "stream_options",
-		"temperature", "top_p", "seed", "options", "parameters":
-		one := make([]byte, 0, len(key)+len(val)+5)
-		one = append(append(append(one, `{"`...), key...), `":`...)
-		one = append(append(one, val...), '}')
-		_ = json.Unmarshal(one, b)
+	case "stream":
+		var s *bool
+		if json.Unmarshal(val, &s) == nil {
+			b.Stream = s
+		}
+	default:
+		if i := slices.Index(peekKeys, string(key)); i >= 0 {
+			if b.vals == nil {
+				b.vals = make([][]byte, len(peekKeys))
+			}
+			b.vals[i] = val
+		}
 	}
 }
 

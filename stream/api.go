@@ -184,11 +184,26 @@ type Request struct {
 	// Sampling is the member holding temperature, top_p and seed
 	// ("options", "parameters"); "": the top level.
 	Sampling string
+	// SamplingKeys name temperature, top_p and seed, where the API names
+	// them otherwise; zero: those names (SamplingNames).
+	SamplingKeys [3]string
+	// ModelFromPath returns the model a request path names, for an API
+	// whose body names none; nil: the body's "model" only.
+	ModelFromPath func(path string) string
 	// UsageOption: the client can ask for usage in a stream with
 	// stream_options.include_usage (OpenAI chat and completions), which
 	// the sidecar may add. The other formats report their counts unasked
 	// or not at all.
 	UsageOption bool
+}
+
+// SamplingNames are the names of temperature, top_p and seed in the
+// body (SamplingKeys, or those).
+func (r Request) SamplingNames() [3]string {
+	if r.SamplingKeys[0] != "" {
+		return r.SamplingKeys
+	}
+	return [3]string{"temperature", "top_p", "seed"}
 }
 
 // ProbeParams are a canary probe's settings, as its API's Probe reads
