@@ -17,7 +17,7 @@ func TestEgressDefaultsOff(t *testing.T) {
 	}
 	e := c.Egress
 	if e.Listen != "" || !e.InjectUsage || !e.Tunnel || !e.HTTP2 ||
-		!slices.Equal(e.Intercept, []string{"api.openai.com", "api.anthropic.com", "*.openai.azure.com"}) {
+		!slices.Equal(e.Intercept, []string{"api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com", "*.openai.azure.com"}) {
 		t.Fatalf("defaults %+v", e)
 	}
 	if d := e.WithDefaults(); d.MaxTargets != 64 || d.LeafCache != 1024 || d.LeafValidity != 24*time.Hour {

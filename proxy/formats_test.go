@@ -463,7 +463,8 @@ func TestFormatOfEveryAPI(t *testing.T) {
 	want := map[record.API]stream.Format{record.APIChat: stream.FormatOpenAI, record.APICompletions: stream.FormatOpenAI,
 		record.APIResponses: stream.FormatResponses, record.APIMessages: stream.FormatMessages,
 		record.APIOllamaChat: stream.FormatOllama, record.APIOllamaGenerate: stream.FormatOllama,
-		record.APITGIGenerate: stream.FormatTGI, record.APILlamaCppCompletion: stream.FormatLlamaCpp, record.APIUpgrade: stream.FormatOpenAI, record.APIOther: stream.FormatOpenAI}
+		record.APITGIGenerate: stream.FormatTGI, record.APILlamaCppCompletion: stream.FormatLlamaCpp, record.APIUpgrade: stream.FormatOpenAI, record.APIOther: stream.FormatOpenAI,
+		record.API(stream.NameGemini): stream.FormatGemini}
 	for _, a := range record.APIs {
 		if f, ok := want[a]; !ok || formatOf(a) != f {
 			t.Errorf("%s: format %v, want %v", a, formatOf(a), f)
@@ -580,6 +581,7 @@ func TestTapZeroAllocsPerEventEveryFormat(t *testing.T) {
 		{stream.FormatOllama, bodyNDJSON, `{"model":"m","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant","content":" x"},"done":false}` + "\n"},
 		{stream.FormatTGI, bodySSE, `data:{"index":3,"token":{"id":5,"text":" x","logprob":-0.3,"special":false},"generated_text":null,"details":null}` + "\n\n"},
 		{stream.FormatLlamaCpp, bodySSE, `data: {"index":0,"content":" x","tokens":[],"stop":false,"id_slot":0,"tokens_predicted":3,"tokens_evaluated":12}` + "\n\n"},
+		{stream.FormatGemini, bodySSE, `data: {"candidates": [{"content": {"parts": [{"text": " x"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"totalTokenCount": 9},"modelVersion": "gemini-2.5-flash","responseId": "r"}` + "\n\n"},
 		{stream.FormatOpenAI, bodySSE, `data: {"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":" x","finish_reason":null}],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}` + "\n\n"},
 	}
 	for i, c := range cases {

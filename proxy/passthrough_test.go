@@ -216,6 +216,8 @@ var formatStreams = []struct {
 	{"/generate_stream", "tgi_generate_stream.sse", "text/event-stream", false, record.APITGIGenerate},
 	{"/generate_stream", "tgi_generate_stream_overloaded.sse", "text/event-stream", false, record.APITGIGenerate},
 	{"/completion", "llamacpp_completion.sse", "text/event-stream", false, record.APILlamaCppCompletion},
+	{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", "gemini_stream.sse", "text/event-stream", false, record.API(stream.NameGemini)},
+	{"/v1beta/models/gemini-2.0-flash:streamGenerateContent", "gemini_stream_error.sse", "text/event-stream", false, record.API(stream.NameGemini)},
 }
 
 // genFormatStream builds a random stream of format i from its recorded

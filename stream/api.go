@@ -325,6 +325,7 @@ var apis = []*API{
 	APIOllamaGenerate,
 	APITGIGenerate,
 	APILlamaCppCompletion,
+	APIGemini,
 	APIUpgrade,
 	APIOther,
 }

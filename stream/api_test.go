@@ -2,6 +2,7 @@ package stream
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -30,7 +31,8 @@ func TestAPIDescriptions(t *testing.T) {
 		if a.Format == nil || a.Format.parse == nil || a.Format.answer == nil || a.Probe == nil {
 			t.Errorf("%s: format, adapter, answer reader or probe missing", a.Name)
 		}
-		path, body := a.Probe(ProbeParams{Model: "m", Prompt: "p", MaxTokens: 4, Stream: true})
+		target, body := a.Probe(ProbeParams{Model: "m", Prompt: "p", MaxTokens: 4, Stream: true})
+		path, _, _ := strings.Cut(target, "?") // the route is the URL's path
 		if got := Classify(path, a.Engine); got != a {
 			t.Errorf("%s: its probe's path %s is classified as %s", a.Name, path, got.Name)
 		}

@@ -1,0 +1,235 @@
+package stream
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// Google's Gemini API: POST {version}/models/{model}:generateContent (one
+// JSON body) and :streamGenerateContent (with ?alt=sse an SSE stream of
+// the same objects, one per data: event, and no end marker; without it a
+// JSON array of them).
+//
+// Source: the API reference, https://ai.google.dev/api/generate-content
+// (GenerateContentResponse: candidates, promptFeedback, usageMetadata,
+// modelVersion, responseId; Candidate: content, finishReason, index;
+// Content: parts, role; Part: text, thought, functionCall;
+// UsageMetadata: promptTokenCount, cachedContentTokenCount,
+// candidatesTokenCount, thoughtsTokenCount, totalTokenCount), and
+// https://ai.google.dev/api#generatecontentrequest for the request
+// (contents, generationConfig: maxOutputTokens, temperature, topP, seed).
+// Errors are Google's error object, https://ai.google.dev/gemini-api/docs/troubleshooting:
+// {"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}.
+
+// NameGemini is the Gemini API's name (record.API).
+const NameGemini = "gemini"
+
+// FormatGemini: Gemini's GenerateContentResponse (ParseGemini).
+var FormatGemini = &WireFormat{name: NameGemini, parse: ParseGemini, answer: answerGemini}
+
+// APIGemini describes the Gemini API.
+var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
+	Routes: []Route{{Path: ":streamGenerateContent"}, {Path: ":generateContent"}},
+	Request: Request{StreamRoute: ":streamGenerateContent", MaxTokens: []string{"generationConfig.maxOutputTokens"},
+		Sampling: "generationConfig", SamplingKeys: [3]string{"temperature", "topP", "seed"}, ModelFromPath: geminiModel},
+	Probe: func(p ProbeParams) (string, map[string]any) {
+		path := "/v1beta/models/" + strings.TrimPrefix(p.Model, "models/") + ":generateContent"
+		if p.Stream {
+			path = "/v1beta/models/" + strings.TrimPrefix(p.Model, "models/") + ":streamGenerateContent?alt=sse"
+		}
+		return path, map[string]any{"contents": []map[string]any{{"role": "user", "parts": []map[string]string{{"text": p.Prompt}}}},
+			"generationConfig": map[string]any{"maxOutputTokens": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed}}
+	},
+	Hosts: []string{"generativelanguage.googleapis.com"}}
+
+// geminiModel is the model a Gemini path names: the last segment before
+// the ":method" (models/{model}:generateContent, tunedModels/{model}:...).
+func geminiModel(path string) string {
+	seg := path[strings.LastIndexByte(path, '/')+1:]
+	m, _, _ := strings.Cut(seg, ":")
+	return m
+}
+
+// ParseGemini reads one Gemini payload into c: the data of one SSE event
+// of :streamGenerateContent?alt=sse, a whole :generateContent body, or the
+// JSON array :streamGenerateContent sends without alt=sse (its elements
+// pooled). It never allocates.
+//
+// What counts: a part with non-empty text is output, or reasoning when
+// it has "thought":true; a functionCall part is output. A candidate's
+// finishReason (STOP, MAX_TOKENS, SAFETY...) is the finish reason, or
+// promptFeedback.blockReason when the prompt was blocked; there is no end
+// marker. usageMetadata gives the input (promptTokenCount, with
+// cachedContentTokenCount of it cached) and the output: candidatesTokenCount
+// plus thoughtsTokenCount (the reasoning is output, as in the other
+// formats' counts); a payload without either has no output count (the
+// stream's first ones carry the prompt count alone). An "error" member is
+// an error. The candidates are pooled (Choices -1).
+func ParseGemini(data []byte, c *Chunk) {
+	*c = Chunk{Choices: -1}
+	d := trimWS(data)
+	var ok bool
+	if len(d) > 0 && d[0] == '[' {
+		bad := false
+		ok = eachElement(d, func(v []byte) bool {
+			bad = !geminiObject(v, c)
+			return !bad
+		}) && !bad
+	} else {
+		ok = geminiObject(d, c)
+	}
+	if !ok {
+		*c = Chunk{Malformed: true, Choices: -1}
+	}
+}
+
+// geminiObject folds one GenerateContentResponse (or error object) into
+// c; false when v is not an object.
+func geminiObject(v []byte, c *Chunk) bool {
+	var block []byte
+	ok := eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "candidates":
+			eachElement(v, func(cand []byte) bool {
+				eachMember(cand, func(k, v []byte) bool {
+					switch string(k) {
+					case "content":
+						eachMember(v, func(k, v []byte) bool {
+							if string(k) == "parts" {
+								eachElement(v, func(p []byte) bool { geminiPart(p, c); return true })
+							}
+							return true
+						})
+					case "finishReason":
+						if s, ok := strVal(v); ok && len(s) > 0 && len(c.FinishReason) == 0 {
+							c.FinishReason = s
+						}
+					}
+					return true
+				})
+				return true
+			})
+		case "promptFeedback":
+			eachMember(v, func(k, v []byte) bool {
+				if string(k) == "blockReason" {
+					block, _ = strVal(v)
+				}
+				return true
+			})
+		case "usageMetadata":
+			geminiUsage(v, c)
+		case "modelVersion":
+			c.Model, _ = strVal(v)
+		case "responseId":
+			c.ID, _ = strVal(v)
+		case "error":
+			c.Error = true
+			geminiError(v, c)
+		}
+		return true
+	})
+	if len(c.FinishReason) == 0 && len(block) > 0 {
+		c.FinishReason = block
+	}
+	return ok
+}
+
+func geminiPart(p []byte, c *Chunk) {
+	var text, thought, call bool
+	eachMember(p, func(k, v []byte) bool {
+		switch string(k) {
+		case "text":
+			text = nonEmptyStr(v)
+		case "thought":
+			thought = boolVal(v)
+		case "functionCall":
+			call = isObject(v)
+		}
+		return true
+	})
+	switch {
+	case text && thought:
+		c.Reasoning = true
+	case text || call:
+		c.Output = true
+	}
+}
+
+func geminiUsage(v []byte, c *Chunk) {
+	var out int64
+	var hasOut bool
+	eachMember(v, func(k, v []byte) bool {
+		n, ok := intVal(v)
+		if !ok {
+			return true
+		}
+		switch string(k) {
+		case "promptTokenCount":
+			c.PromptTokens, c.HasPrompt = n, true
+		case "cachedContentTokenCount":
+			c.CachedTokens = n
+		case "candidatesTokenCount", "thoughtsTokenCount":
+			out, hasOut = out+n, true
+		}
+		return true
+	})
+	if hasOut {
+		c.CompletionTokens, c.Usage = out, true
+	}
+}
+
+// geminiError reads Google's error object: code (the HTTP status) and
+// status (RESOURCE_EXHAUSTED, UNAVAILABLE...: the error type).
+func geminiError(v []byte, c *Chunk) {
+	if s, ok := strVal(v); ok {
+		c.ErrorType = s
+		return
+	}
+	eachMember(v, func(k, v []byte) bool {
+		switch string(k) {
+		case "code":
+			c.ErrorCode, _ = intVal(v)
+		case "status":
+			if s, ok := strVal(v); ok && len(s) > 0 {
+				c.ErrorType = s
+			}
+		}
+		return true
+	})
+}
+
+// answerGemini appends the text of the non-thought parts of every
+// candidate (of every element of an array body).
+func answerGemini(data []byte, _ bool, sb *strings.Builder) {
+	type response struct {
+		Candidates []struct {
+			Content struct {
+				Parts []struct {
+					Text    string `json:"text"`
+					Thought bool   `json:"thought"`
+				} `json:"parts"`
+			} `json:"content"`
+		} `json:"candidates"`
+	}
+	var rs []response
+	if d := trimWS(data); len(d) > 0 && d[0] == '[' {
+		if json.Unmarshal(d, &rs) != nil {
+			return
+		}
+	} else {
+		var r response
+		if json.Unmarshal(d, &r) != nil {
+			return
+		}
+		rs = append(rs, r)
+	}
+	for _, r := range rs {
+		for _, cand := range r.Candidates {
+			for _, p := range cand.Content.Parts {
+				if !p.Thought {
+					sb.WriteString(p.Text)
+				}
+			}
+		}
+	}
+}
