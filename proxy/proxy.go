@@ -497,12 +497,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		switch ct {
 		case "text/event-stream":
 			kind = bodySSE
-			if format == stream.FormatOllama {
-				// llama.cpp serves /api/chat in the OpenAI format
-				// (tools/server/server.cpp: an Ollama-compatible route to
-				// post_chat_completions); Ollama itself streams NDJSON.
-				format = stream.FormatOpenAI
-			}
+			// llama.cpp serves /api/chat in the OpenAI format
+			// (tools/server/server.cpp: an Ollama-compatible route to
+			// post_chat_completions); Ollama itself streams NDJSON.
+			format = format.SSE()
 		case "application/x-ndjson":
 			kind = bodyNDJSON
 		case "application/json":
