@@ -470,27 +470,7 @@ func (t *tap) applyChoice(c *stream.Chunk, at time.Time) {
 
 // mergeEngine copies the durations the engine reported into the record's.
 func mergeEngine(dst *record.EngineTimes, src stream.EngineTimes) {
-	s := record.EngineTimes(src)
-	for _, bit := range [...]uint8{record.EngineLoad, record.EngineQueue, record.EnginePrompt, record.EngineDecode, record.EngineInference, record.EngineTotal} {
-		if s.Known&bit == 0 {
-			continue
-		}
-		switch bit {
-		case record.EngineLoad:
-			dst.Load = s.Load
-		case record.EngineQueue:
-			dst.Queue = s.Queue
-		case record.EnginePrompt:
-			dst.Prompt = s.Prompt
-		case record.EngineDecode:
-			dst.Decode = s.Decode
-		case record.EngineInference:
-			dst.Inference = s.Inference
-		case record.EngineTotal:
-			dst.Total = s.Total
-		}
-		dst.Known |= bit
-	}
+	(*stream.EngineTimes)(dst).Merge(&src)
 }
 
 // stripHoldMax bounds the bytes of an incomplete event that strip mode

@@ -25,33 +25,18 @@ const (
 	EngineTotal     = stream.EngineTotal
 )
 
-var engineFields = [...]struct {
+// engineFields are stream.EngineFields with the record's JSON names.
+var engineFields = func() (fs [len(stream.EngineFields)]struct {
 	bit  uint8
 	name string
-}{
-	{EngineLoad, "engine_load_ms"},
-	{EngineQueue, "engine_queue_ms"},
-	{EnginePrompt, "engine_prompt_ms"},
-	{EngineDecode, "engine_decode_ms"},
-	{EngineInference, "engine_inference_ms"},
-	{EngineTotal, "engine_total_ms"},
-}
-
-func (e *EngineTimes) get(bit uint8) time.Duration {
-	switch bit {
-	case EngineLoad:
-		return e.Load
-	case EngineQueue:
-		return e.Queue
-	case EnginePrompt:
-		return e.Prompt
-	case EngineDecode:
-		return e.Decode
-	case EngineInference:
-		return e.Inference
+}) {
+	for i, f := range stream.EngineFields {
+		fs[i].bit, fs[i].name = f.Bit, "engine_"+f.Name+"_ms"
 	}
-	return e.Total
-}
+	return fs
+}()
+
+func (e *EngineTimes) get(bit uint8) time.Duration { return *(*stream.EngineTimes)(e).Field(bit) }
 
 // appendJSON writes the reported fields as "engine_*_ms":v, members, each
 // followed by a comma (MarshalJSON's convention).

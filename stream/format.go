@@ -42,25 +42,56 @@ const (
 	EngineTotal
 )
 
-// Set records one duration the engine reported.
-func (e *EngineTimes) Set(bit uint8, d time.Duration) {
+// EngineFields are the fields of EngineTimes, by their bit, in the
+// record's order; Name is the record's (engine_<Name>_ms).
+var EngineFields = [...]struct {
+	Bit  uint8
+	Name string
+}{
+	{EngineLoad, "load"},
+	{EngineQueue, "queue"},
+	{EnginePrompt, "prompt"},
+	{EngineDecode, "decode"},
+	{EngineInference, "inference"},
+	{EngineTotal, "total"},
+}
+
+// Field returns the field of one bit of Known; nil for a value that is
+// not one of the bits.
+func (e *EngineTimes) Field(bit uint8) *time.Duration {
 	switch bit {
 	case EngineLoad:
-		e.Load = d
+		return &e.Load
 	case EngineQueue:
-		e.Queue = d
+		return &e.Queue
 	case EnginePrompt:
-		e.Prompt = d
+		return &e.Prompt
 	case EngineDecode:
-		e.Decode = d
+		return &e.Decode
 	case EngineInference:
-		e.Inference = d
+		return &e.Inference
 	case EngineTotal:
-		e.Total = d
-	default:
-		return
+		return &e.Total
 	}
-	e.Known |= bit
+	return nil
+}
+
+// Set records one duration the engine reported.
+func (e *EngineTimes) Set(bit uint8, d time.Duration) {
+	if f := e.Field(bit); f != nil {
+		*f = d
+		e.Known |= bit
+	}
+}
+
+// Merge copies the durations src reports into e, keeping e's others.
+func (e *EngineTimes) Merge(src *EngineTimes) {
+	for _, f := range EngineFields {
+		if src.Known&f.Bit != 0 {
+			*e.Field(f.Bit) = *src.Field(f.Bit)
+			e.Known |= f.Bit
+		}
+	}
 }
 
 // setNanos sets a duration given in integer nanoseconds (Ollama).
