@@ -17,11 +17,9 @@ import (
 // ProbeDef is one named probe. Zero fields take the defaults given per field.
 type ProbeDef struct {
 	Name string `yaml:"name"`
-	// API is the wire format and route the probe speaks: chat (default,
-	// /v1/chat/completions), completions, responses (/v1/responses),
-	// messages (/v1/messages), ollama_chat (/api/chat), ollama_generate
-	// (/api/generate), tgi_generate (/generate_stream, /generate) or
-	// llamacpp_completion (/completion).
+	// API is the wire format and route the probe speaks: one of
+	// ProbeAPIs (the APIs of stream/api.go; docs/probe.md lists their
+	// routes); "" means chat.
 	API    string `yaml:"api"`
 	Stream *bool  `yaml:"stream"` // default true
 	Model  string `yaml:"model"`  // sent as is; default: the simulator's model or "default"
