@@ -203,12 +203,9 @@ func (r *Record) choiceGaps(fn func(time.Duration)) {
 	}
 }
 
-// appendChoicesJSON writes "choices" (and "choices_untracked") when the
-// record follows choices one by one; nothing otherwise.
-func (r *Record) appendChoicesJSON(b []byte) []byte {
-	if len(r.Choices) == 0 {
-		return b
-	}
+// appendChoices writes the value of "choices": one object per choice
+// followed.
+func (r *Record) appendChoices(b []byte) []byte {
 	opt := func(k string, d time.Duration, ok bool) {
 		b = append(b, `,"`...)
 		b = append(b, k...)
@@ -219,7 +216,7 @@ func (r *Record) appendChoicesJSON(b []byte) []byte {
 			b = append(b, "null"...)
 		}
 	}
-	b = append(b, `"choices":[`...)
+	b = append(b, '[')
 	for i := range r.Choices {
 		c := &r.Choices[i]
 		if i > 0 {
@@ -244,11 +241,5 @@ func (r *Record) appendChoicesJSON(b []byte) []byte {
 		b = appendJSONString(b, c.FinishReason)
 		b = append(b, '}')
 	}
-	b = append(b, "],"...)
-	if r.ChoicesUntracked > 0 {
-		b = append(b, `"choices_untracked":`...)
-		b = strconv.AppendInt(b, int64(r.ChoicesUntracked), 10)
-		b = append(b, ',')
-	}
-	return b
+	return append(b, ']')
 }

@@ -1,7 +1,6 @@
 package record
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/tokentap/tokentap/stream"
@@ -37,19 +36,3 @@ var engineFields = func() (fs [len(stream.EngineFields)]struct {
 }()
 
 func (e *EngineTimes) get(bit uint8) time.Duration { return *(*stream.EngineTimes)(e).Field(bit) }
-
-// appendJSON writes the reported fields as "engine_*_ms":v, members, each
-// followed by a comma (MarshalJSON's convention).
-func (e *EngineTimes) appendJSON(b []byte) []byte {
-	for _, f := range engineFields {
-		if e.Known&f.bit == 0 {
-			continue
-		}
-		b = append(b, '"')
-		b = append(b, f.name...)
-		b = append(b, '"', ':')
-		b = strconv.AppendFloat(b, ms(e.get(f.bit)), 'f', -1, 64)
-		b = append(b, ',')
-	}
-	return b
-}
