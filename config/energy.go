@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"time"
 )
 
@@ -16,9 +17,15 @@ type ModelSpec struct {
 // The zero value is auto-detect, every visible GPU, 1 s sampling,
 // prefill weight 0.1 and a learned idle baseline.
 type Energy struct {
-	// Enabled is auto (default: on when NVML works), on (say loudly
-	// when it does not) or off.
+	// Enabled is auto (default: on when a source works), on (say loudly
+	// when none does) or off.
 	Enabled string `yaml:"enabled"`
+	// Source is where the energy is read: nvml (the GPUs this container
+	// sees), dcgm (the node's dcgm-exporter), auto (NVML, then DCGM when
+	// its URL is configured or derivable) or off. Empty means auto.
+	Source string `yaml:"source"`
+	// DCGM locates the node's dcgm-exporter and this pod's GPUs in it.
+	DCGM DCGM `yaml:"dcgm"`
 	// Devices are GPU indices or UUIDs; empty means NVIDIA_VISIBLE_DEVICES,
 	// else CUDA_VISIBLE_DEVICES, else all.
 	Devices []string `yaml:"devices"`
@@ -37,6 +44,23 @@ type Energy struct {
 	Models map[string]ModelSpec `yaml:"models"`
 }
 
+// DCGM is where the node's dcgm-exporter is and which of its GPUs are
+// this pod's (docs/energy.md, "DCGM exporter").
+//
+// The zero value derives everything from the environment the chart sets
+// through the downward API: the URL from TOKENTAP_DCGM_URL, else
+// http://$NODE_IP:9400/metrics; the pod and namespace from POD_NAME and
+// POD_NAMESPACE. Devices (energy.devices, else NVIDIA_VISIBLE_DEVICES)
+// select by UUID or index instead of by pod when set.
+type DCGM struct {
+	// URL of the exporter's metrics, e.g. http://10.0.0.7:9400/metrics.
+	URL string `yaml:"url"`
+	// Pod and Namespace name the pod whose GPUs are read (the exporter
+	// labels each GPU with the pod it is assigned to).
+	Pod       string `yaml:"pod"`
+	Namespace string `yaml:"namespace"`
+}
+
 // Validate returns one error per problem, naming the field.
 func (c Energy) Validate() []error {
 	var errs []error
@@ -44,6 +68,16 @@ func (c Energy) Validate() []error {
 	case "", "auto", "on", "off":
 	default:
 		errs = append(errs, fmt.Errorf("energy.enabled: must be auto, on or off, got %q", c.Enabled))
+	}
+	switch c.Source {
+	case "", "auto", "nvml", "dcgm", "off":
+	default:
+		errs = append(errs, fmt.Errorf("energy.source: must be auto, nvml, dcgm or off, got %q", c.Source))
+	}
+	if u := c.DCGM.URL; u != "" {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			errs = append(errs, fmt.Errorf("energy.dcgm.url: must be an http(s) URL such as http://10.0.0.7:9400/metrics, got %q", u))
+		}
 	}
 	if c.Interval != 0 && c.Interval < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("energy.interval: must be at least 100ms (NVML refreshes power about every 100 ms), got %v", c.Interval))
