@@ -54,6 +54,9 @@ type Sampler struct {
 	cfg   Config
 	clock func() time.Time
 	bw    float64 // summed peak memory bandwidth, bytes/s
+	// origin prefixes the record's energy_source: "" for NVML, "dcgm_"
+	// for the DCGM exporter (a Source with an Origin method).
+	origin string
 
 	mu      sync.Mutex
 	active  map[*Req]struct{}
@@ -105,6 +108,9 @@ func NewSampler(src Source, cfg Config, reg prometheus.Registerer) *Sampler {
 		prev: make([]sample, len(src.Devices())), queueLen: publishQueue, idleW: cfg.IdlePowerWatts, learned: cfg.IdlePowerWatts > 0}
 	for _, d := range src.Devices() {
 		s.bw += d.PeakMemBandwidth()
+	}
+	if o, ok := src.(interface{ Origin() string }); ok {
+		s.origin = o.Origin() + "_"
 	}
 	g := func(name, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"gpu", "uuid", "name"})
@@ -393,11 +399,11 @@ func (s *Sampler) finish(r *Req) {
 	rec.EnergyJ, rec.EnergyDynamicJ, rec.DecodeSOL = r.energy, r.dyn, 0
 	switch r.sources {
 	case viaCounter:
-		rec.EnergySource = "counter"
+		rec.EnergySource = s.origin + "counter"
 	case viaPower:
-		rec.EnergySource = "power_integration"
+		rec.EnergySource = s.origin + "power_integration"
 	case viaCounter | viaPower:
-		rec.EnergySource = "counter+power_integration"
+		rec.EnergySource = s.origin + "counter+power_integration"
 	default:
 		rec.EnergySource = "none"
 	}
