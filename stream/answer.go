@@ -3,24 +3,32 @@ package stream
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 )
 
-// AnswerTextOf concatenates the generated text (not the reasoning) of a
-// response of format f: the deltas of a streamed one, or the text of a
-// whole body. A streamed body of a line format (Ollama) is read as NDJSON
-// when it starts with a JSON object, as SSE of f.SSE() otherwise
-// (llama.cpp serves /api/chat in the OpenAI format). It is for checking
+// AnswerTextOf concatenates the generated text (not the reasoning, nor a
+// refusal) of a response of format f: the deltas of a streamed one, or
+// the text of a whole body. A streamed body of a line format (Ollama) is
+// read as NDJSON when it starts with a JSON object, as SSE of f.SSE()
+// otherwise (llama.cpp serves /api/chat in the OpenAI format). It reads
+// with the format's one parser (Parse), asking it for the text; a
+// payload the parser finds malformed adds nothing. It is for checking
 // answers (canary probes, content capture), not for the hot path: it
-// decodes with encoding/json.
+// allocates.
 func AnswerTextOf(f Format, body []byte, streamed bool) string {
-	var sb strings.Builder
+	var t answerText
+	var c Chunk
 	lines := f.lines && bytes.HasPrefix(trimWS(body), []byte("{"))
 	ff := f
 	if streamed && !lines {
 		ff = f.SSE()
 	}
-	add := func(data []byte) { ff.answer(data, streamed, &sb) }
+	add := func(data []byte) {
+		n := len(t.buf)
+		ff.parse(data, &c, &t)
+		if c.Malformed {
+			t.buf = t.buf[:n]
+		}
+	}
 	switch {
 	case !streamed:
 		add(body)
@@ -33,115 +41,20 @@ func AnswerTextOf(f Format, body []byte, streamed bool) string {
 		fr.Feed(body, func(e *Event) { add(e.Data) })
 		fr.Finish(func(e *Event) { add(e.Data) })
 	}
-	return sb.String()
+	return string(t.buf)
 }
 
-func answerResponses(data []byte, streamed bool, sb *strings.Builder) {
-	var e struct {
-		Type   string `json:"type"`
-		Delta  string `json:"delta"`
-		Object string `json:"object"`
-		Output []struct {
-			Type    string `json:"type"`
-			Content []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			} `json:"content"`
-		} `json:"output"`
-	}
-	if json.Unmarshal(data, &e) != nil {
-		return
-	}
-	if e.Type == "response.output_text.delta" {
-		sb.WriteString(e.Delta)
-	}
-	if !streamed && e.Object == "response" {
-		for _, o := range e.Output {
-			for _, p := range o.Content {
-				if o.Type == "message" && p.Type == "output_text" {
-					sb.WriteString(p.Text)
-				}
-			}
-		}
-	}
-}
+// answerText is the sink a parser writes a payload's answer text to when
+// asked (AnswerTextOf); the hot path passes nil and pays one nil check
+// where a payload holds answer text.
+type answerText struct{ buf []byte }
 
-func answerMessages(data []byte, _ bool, sb *strings.Builder) {
-	var e struct {
-		Type  string `json:"type"`
-		Delta struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"delta"`
-		Content []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"content"`
-	}
-	if json.Unmarshal(data, &e) != nil {
-		return
-	}
-	if e.Type == "content_block_delta" && e.Delta.Type == "text_delta" {
-		sb.WriteString(e.Delta.Text)
-	}
-	if e.Type == "message" {
-		for _, b := range e.Content {
-			if b.Type == "text" {
-				sb.WriteString(b.Text)
-			}
-		}
-	}
-}
-
-func answerOllama(data []byte, _ bool, sb *strings.Builder) {
-	var e struct {
-		Message  struct{ Content string } `json:"message"`
-		Response string                   `json:"response"`
-	}
-	if json.Unmarshal(data, &e) == nil {
-		sb.WriteString(e.Message.Content + e.Response)
-	}
-}
-
-func answerTGI(data []byte, _ bool, sb *strings.Builder) {
-	var e struct {
-		Token *struct {
-			Text    string `json:"text"`
-			Special bool   `json:"special"`
-		} `json:"token"`
-		GeneratedText *string `json:"generated_text"`
-	}
-	if json.Unmarshal(data, &e) != nil {
-		return
-	}
-	switch {
-	case e.Token != nil && !e.Token.Special:
-		sb.WriteString(e.Token.Text)
-	case e.Token == nil && e.GeneratedText != nil: // a whole /generate body
-		sb.WriteString(*e.GeneratedText)
-	}
-}
-
-func answerLlamaCpp(data []byte, _ bool, sb *strings.Builder) {
-	var e struct {
-		Content string `json:"content"`
-	}
-	if json.Unmarshal(data, &e) == nil {
-		sb.WriteString(e.Content)
-	}
-}
-
-func answerOpenAI(data []byte, _ bool, sb *strings.Builder) {
-	var c struct {
-		Choices []struct {
-			Delta   struct{ Content string } `json:"delta"`
-			Message struct{ Content string } `json:"message"`
-			Text    string                   `json:"text"`
-		} `json:"choices"`
-	}
-	if json.Unmarshal(data, &c) == nil {
-		for _, ch := range c.Choices {
-			sb.WriteString(ch.Delta.Content + ch.Message.Content + ch.Text)
-		}
+// add appends the JSON string value v, unescaped as encoding/json does
+// (invalid UTF-8 becomes U+FFFD); a value that is not a string adds
+// nothing.
+func (t *answerText) add(v []byte) {
+	var s string
+	if json.Unmarshal(v, &s) == nil {
+		t.buf = append(t.buf, s...)
 	}
 }

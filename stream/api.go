@@ -23,12 +23,10 @@ type Format = *WireFormat
 type WireFormat struct {
 	name string
 	// parse reads one payload (an event's data, an NDJSON line or a whole
-	// body) into a Chunk without allocating: the hot path.
-	parse func(data []byte, c *Chunk)
-	// answer appends the generated text (not the reasoning) of one
-	// payload, for answer checks and content capture (AnswerTextOf): it
-	// may decode with encoding/json.
-	answer func(data []byte, streamed bool, sb *strings.Builder)
+	// body) into a Chunk without allocating: the hot path, where t is
+	// nil. Given a t, it also writes the payload's answer text to it
+	// (AnswerTextOf).
+	parse func(data []byte, c *Chunk, t *answerText)
 	// lines: a streamed body whose first byte is '{' is NDJSON (Ollama);
 	// otherwise SSE.
 	lines bool
@@ -54,23 +52,23 @@ func (f *WireFormat) SSE() Format {
 var (
 	// FormatOpenAI: OpenAI Chat Completions and Completions chunks and
 	// bodies (ParseOpenAI).
-	FormatOpenAI = &WireFormat{name: "openai", parse: ParseOpenAI, answer: answerOpenAI}
+	FormatOpenAI = &WireFormat{name: "openai", parse: parseOpenAI}
 	// FormatResponses: the OpenAI Responses API (ParseResponses).
-	FormatResponses = &WireFormat{name: "responses", parse: ParseResponses, answer: answerResponses}
+	FormatResponses = &WireFormat{name: "responses", parse: parseResponses}
 	// FormatMessages: Anthropic's Messages API (ParseMessages).
-	FormatMessages = &WireFormat{name: "messages", parse: ParseMessages, answer: answerMessages}
+	FormatMessages = &WireFormat{name: "messages", parse: parseMessages}
 	// FormatOllama: Ollama's native /api/chat and /api/generate
 	// (ParseOllama); NDJSON when streamed.
-	FormatOllama = &WireFormat{name: "ollama", parse: ParseOllama, answer: answerOllama, lines: true, sse: FormatOpenAI}
+	FormatOllama = &WireFormat{name: "ollama", parse: parseOllama, lines: true, sse: FormatOpenAI}
 	// FormatTGI: text-generation-inference's native /generate_stream and
 	// /generate (ParseTGI).
-	FormatTGI = &WireFormat{name: "tgi", parse: ParseTGI, answer: answerTGI}
+	FormatTGI = &WireFormat{name: "tgi", parse: parseTGI}
 	// FormatLlamaCpp: llama.cpp server's native /completion (ParseLlamaCpp).
-	FormatLlamaCpp = &WireFormat{name: "llamacpp", parse: ParseLlamaCpp, answer: answerLlamaCpp}
+	FormatLlamaCpp = &WireFormat{name: "llamacpp", parse: parseLlamaCpp}
 )
 
 // Parse reads one payload of format f into c. It never allocates.
-func Parse(f Format, data []byte, c *Chunk) { f.parse(data, c) }
+func Parse(f Format, data []byte, c *Chunk) { f.parse(data, c, nil) }
 
 // The engine kinds (engine.Kind, the engine.kind setting): the engines
 // whose metrics are normalised and whose routes are known.

@@ -28,8 +28,8 @@ func TestAPIDescriptions(t *testing.T) {
 			}
 			continue
 		}
-		if a.Format == nil || a.Format.parse == nil || a.Format.answer == nil || a.Probe == nil {
-			t.Errorf("%s: format, adapter, answer reader or probe missing", a.Name)
+		if a.Format == nil || a.Format.parse == nil || a.Probe == nil {
+			t.Errorf("%s: format, adapter or probe missing", a.Name)
 		}
 		target, body := a.Probe(ProbeParams{Model: "m", Prompt: "p", MaxTokens: 4, Stream: true})
 		path, _, _ := strings.Cut(target, "?") // the route is the URL's path

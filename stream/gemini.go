@@ -1,9 +1,6 @@
 package stream
 
-import (
-	"encoding/json"
-	"strings"
-)
+import "strings"
 
 // Google's Gemini API: POST {version}/models/{model}:generateContent (one
 // JSON body) and :streamGenerateContent (with ?alt=sse an SSE stream of
@@ -25,7 +22,7 @@ import (
 const NameGemini = "gemini"
 
 // FormatGemini: Gemini's GenerateContentResponse (ParseGemini).
-var FormatGemini = &WireFormat{name: NameGemini, parse: ParseGemini, answer: answerGemini}
+var FormatGemini = &WireFormat{name: NameGemini, parse: parseGemini}
 
 // APIGemini describes the Gemini API.
 var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
@@ -65,18 +62,22 @@ func geminiModel(path string) string {
 // formats' counts); a payload without either has no output count (the
 // stream's first ones carry the prompt count alone). An "error" member is
 // an error. The candidates are pooled (Choices -1).
-func ParseGemini(data []byte, c *Chunk) {
+func ParseGemini(data []byte, c *Chunk) { parseGemini(data, c, nil) }
+
+// parseGemini is ParseGemini, writing to t (when not nil) the answer
+// text: the text of every candidate's parts that are not thoughts.
+func parseGemini(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	var ok bool
 	if len(d) > 0 && d[0] == '[' {
 		bad := false
 		ok = eachElement(d, func(v []byte) bool {
-			bad = !geminiObject(v, c)
+			bad = !geminiObject(v, c, t)
 			return !bad
 		}) && !bad
 	} else {
-		ok = geminiObject(d, c)
+		ok = geminiObject(d, c, t)
 	}
 	if !ok {
 		*c = Chunk{Malformed: true, Choices: -1}
@@ -84,8 +85,9 @@ func ParseGemini(data []byte, c *Chunk) {
 }
 
 // geminiObject folds one GenerateContentResponse (or error object) into
-// c; false when v is not an object.
-func geminiObject(v []byte, c *Chunk) bool {
+// c (its answer text into t when not nil); false when v is not an
+// object.
+func geminiObject(v []byte, c *Chunk, t *answerText) bool {
 	var block []byte
 	ok := eachMember(v, func(k, v []byte) bool {
 		switch string(k) {
@@ -96,7 +98,7 @@ func geminiObject(v []byte, c *Chunk) bool {
 					case "content":
 						eachMember(v, func(k, v []byte) bool {
 							if string(k) == "parts" {
-								eachElement(v, func(p []byte) bool { geminiPart(p, c); return true })
+								eachElement(v, func(p []byte) bool { geminiPart(p, c, t); return true })
 							}
 							return true
 						})
@@ -134,12 +136,14 @@ func geminiObject(v []byte, c *Chunk) bool {
 	return ok
 }
 
-func geminiPart(p []byte, c *Chunk) {
+func geminiPart(p []byte, c *Chunk, t *answerText) {
 	var text, thought, call bool
+	var textv []byte
 	eachMember(p, func(k, v []byte) bool {
 		switch string(k) {
 		case "text":
 			text = nonEmptyStr(v)
+			textv = v
 		case "thought":
 			thought = boolVal(v)
 		case "functionCall":
@@ -147,6 +151,9 @@ func geminiPart(p []byte, c *Chunk) {
 		}
 		return true
 	})
+	if t != nil && !thought {
+		t.add(textv)
+	}
 	switch {
 	case text && thought:
 		c.Reasoning = true
@@ -196,40 +203,4 @@ func geminiError(v []byte, c *Chunk) {
 		}
 		return true
 	})
-}
-
-// answerGemini appends the text of the non-thought parts of every
-// candidate (of every element of an array body).
-func answerGemini(data []byte, _ bool, sb *strings.Builder) {
-	type response struct {
-		Candidates []struct {
-			Content struct {
-				Parts []struct {
-					Text    string `json:"text"`
-					Thought bool   `json:"thought"`
-				} `json:"parts"`
-			} `json:"content"`
-		} `json:"candidates"`
-	}
-	var rs []response
-	if d := trimWS(data); len(d) > 0 && d[0] == '[' {
-		if json.Unmarshal(d, &rs) != nil {
-			return
-		}
-	} else {
-		var r response
-		if json.Unmarshal(d, &r) != nil {
-			return
-		}
-		rs = append(rs, r)
-	}
-	for _, r := range rs {
-		for _, cand := range r.Candidates {
-			for _, p := range cand.Content.Parts {
-				if !p.Thought {
-					sb.WriteString(p.Text)
-				}
-			}
-		}
-	}
 }

@@ -35,14 +35,19 @@ import "bytes"
 //     and rate_limit_error mean a rejection).
 //
 // The message id (msg_...) and model come from message_start.
-func ParseMessages(data []byte, c *Chunk) {
+func ParseMessages(data []byte, c *Chunk) { parseMessages(data, c, nil) }
+
+// parseMessages is ParseMessages, writing to t (when not nil) the answer
+// text: the text of the text_delta deltas, or of a whole message's text
+// blocks (not the thinking, nor the tool input).
+func parseMessages(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
 		c.Done = true
 		return
 	}
-	var typ, message, block, delta, usage, errv, id, model, stop []byte
+	var typ, message, block, delta, usage, errv, id, model, stop, content []byte
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "type":
@@ -63,6 +68,8 @@ func ParseMessages(data []byte, c *Chunk) {
 			model = v
 		case "stop_reason":
 			stop = v
+		case "content":
+			content = v
 		}
 		return true
 	})
@@ -94,15 +101,24 @@ func ParseMessages(data []byte, c *Chunk) {
 			return true
 		})
 	case "content_block_delta":
+		var dtyp, text []byte
 		eachMember(delta, func(k, v []byte) bool {
 			switch string(k) {
-			case "text", "partial_json":
+			case "text":
+				c.Output = c.Output || nonEmptyStr(v)
+				text = v
+			case "partial_json":
 				c.Output = c.Output || nonEmptyStr(v)
 			case "thinking":
 				c.Reasoning = c.Reasoning || nonEmptyStr(v)
+			case "type":
+				dtyp = v
 			}
 			return true
 		})
+		if t != nil && string(dtyp) == `"text_delta"` {
+			t.add(text)
+		}
 	case "message_delta":
 		eachMember(delta, func(k, v []byte) bool {
 			if string(k) == "stop_reason" {
@@ -127,6 +143,24 @@ func ParseMessages(data []byte, c *Chunk) {
 		c.FinishReason, _ = strVal(stop)
 		parseMessagesUsage(usage, c, true)
 		c.Done = true
+		if t != nil {
+			eachElement(content, func(b []byte) bool {
+				var btyp, text []byte
+				eachMember(b, func(k, v []byte) bool {
+					switch string(k) {
+					case "type":
+						btyp = v
+					case "text":
+						text = v
+					}
+					return true
+				})
+				if string(btyp) == `"text"` {
+					t.add(text)
+				}
+				return true
+			})
+		}
 	case "":
 		if len(errv) > 0 && string(errv) != "null" {
 			c.Error = true

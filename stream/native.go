@@ -22,7 +22,11 @@ import "bytes"
 // end (Done): done_reason is the finish reason, eval_count the output
 // count (0 when omitted), prompt_eval_count the input count, and the
 // durations the engine's own timings. Ollama sends no id.
-func ParseOllama(data []byte, c *Chunk) {
+func ParseOllama(data []byte, c *Chunk) { parseOllama(data, c, nil) }
+
+// parseOllama is ParseOllama, writing to t (when not nil) the answer
+// text: message.content and response (not the thinking).
+func parseOllama(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -37,11 +41,11 @@ func ParseOllama(data []byte, c *Chunk) {
 			c.Model, _ = strVal(v)
 		case "message":
 			eachMember(v, func(k, v []byte) bool {
-				ollamaContent(k, v, c)
+				ollamaContent(k, v, c, t)
 				return true
 			})
 		case "response", "thinking", "tool_calls":
-			ollamaContent(k, v, c)
+			ollamaContent(k, v, c, t)
 		case "logprobs":
 			if n := countElements(v); n > 0 {
 				c.Tokens, c.TokensFrom = int64(n), SourceLogprobs
@@ -87,10 +91,13 @@ func ParseOllama(data []byte, c *Chunk) {
 	}
 }
 
-func ollamaContent(k, v []byte, c *Chunk) {
+func ollamaContent(k, v []byte, c *Chunk, t *answerText) {
 	switch string(k) {
 	case "content", "response":
 		c.Output = c.Output || nonEmptyStr(v)
+		if t != nil {
+			t.add(v)
+		}
 	case "thinking":
 		c.Reasoning = c.Reasoning || nonEmptyStr(v)
 	case "tool_calls":
@@ -117,23 +124,31 @@ func ollamaContent(k, v []byte, c *Chunk) {
 // generated_text set is the end (Done), its details the finish reason
 // and the output (generated_tokens) and input (input_length) counts.
 // error_type "overloaded" is a rejection. TGI sends no id.
-func ParseTGI(data []byte, c *Chunk) {
+func ParseTGI(data []byte, c *Chunk) { parseTGI(data, c, nil) }
+
+// parseTGI is ParseTGI, writing to t (when not nil) the answer text: the
+// text of a token that is not special, or the generated_text of a whole
+// /generate body (an event with a token object repeats it).
+func parseTGI(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
 		c.Done = true
 		return
 	}
+	var token, generated []byte
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "token":
 			if isObject(v) {
 				c.Output = true
 				c.Tokens, c.TokensFrom = 1, SourceTokenIDs
+				token = v
 			}
 		case "generated_text":
 			if _, ok := strVal(v); ok {
 				c.Done = true
+				generated = v
 			}
 		case "details":
 			eachMember(v, func(k, v []byte) bool {
@@ -169,6 +184,33 @@ func ParseTGI(data []byte, c *Chunk) {
 	})
 	if !ok {
 		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	if t != nil {
+		tgiText(token, generated, t)
+	}
+}
+
+// tgiText writes the answer text of a TGI payload to t: its token's text
+// unless the token is special, else the generated_text of a whole body.
+func tgiText(token, generated []byte, t *answerText) {
+	if token == nil {
+		t.add(generated)
+		return
+	}
+	var text []byte
+	special := false
+	eachMember(token, func(k, v []byte) bool {
+		switch string(k) {
+		case "text":
+			text = v
+		case "special":
+			special = boolVal(v)
+		}
+		return true
+	})
+	if !special {
+		t.add(text)
 	}
 }
 
@@ -193,7 +235,11 @@ func ParseTGI(data []byte, c *Chunk) {
 // engine's output count so far (exact on the last event), tokens_evaluated
 // the input count, timings.cache_n the cached input, timings.prompt_ms
 // and predicted_ms the engine's prefill and decode times.
-func ParseLlamaCpp(data []byte, c *Chunk) {
+func ParseLlamaCpp(data []byte, c *Chunk) { parseLlamaCpp(data, c, nil) }
+
+// parseLlamaCpp is ParseLlamaCpp, writing to t (when not nil) the answer
+// text: content.
+func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -205,6 +251,9 @@ func ParseLlamaCpp(data []byte, c *Chunk) {
 		switch string(k) {
 		case "content":
 			c.Output = nonEmptyStr(v)
+			if t != nil {
+				t.add(v)
+			}
 		case "tokens":
 			if n := countElements(v); n > 0 {
 				c.Tokens, c.TokensFrom = int64(n), SourceTokenIDs

@@ -107,7 +107,12 @@ var doneMarker = []byte("[DONE]")
 // an OpenAI route (its /completions without /v1 is the native one:
 // tools/server/server.cpp registers post_completions there), recognised
 // by a boolean "stop" and no "choices", and read by ParseLlamaCpp.
-func ParseOpenAI(data []byte, c *Chunk) {
+func ParseOpenAI(data []byte, c *Chunk) { parseOpenAI(data, c, nil) }
+
+// parseOpenAI is ParseOpenAI, writing to t (when not nil) the answer
+// text: each choice's delta.content, message.content and legacy text
+// (not its reasoning nor its refusal).
+func parseOpenAI(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -125,7 +130,7 @@ func ParseOpenAI(data []byte, c *Chunk) {
 			}
 			e := walkArray(d, v, func(e int) int {
 				c.Choices++
-				return parseChoiceAt(d, e, c)
+				return parseChoiceAt(d, e, c, t)
 			})
 			if c.Choices > 1 && e >= 0 {
 				c.ChoicesData = d[v:e]
@@ -177,7 +182,7 @@ func ParseOpenAI(data []byte, c *Chunk) {
 		return
 	}
 	if native && c.Choices < 0 && !c.Error && !objectError {
-		ParseLlamaCpp(data, c)
+		parseLlamaCpp(data, c, t)
 		return
 	}
 	if objectError {
@@ -230,7 +235,7 @@ func EachChoice(choices []byte, c *Chunk, fn func(c *Chunk)) {
 	walkArray(choices, 0, func(e int) int {
 		*c = Chunk{Choices: 1, Index: pos}
 		pos++
-		end := parseChoiceAt(choices, e, c)
+		end := parseChoiceAt(choices, e, c, nil)
 		if end >= 0 && choices[e] == '{' {
 			fn(c)
 		}
@@ -238,11 +243,12 @@ func EachChoice(choices []byte, c *Chunk, fn func(c *Chunk)) {
 	})
 }
 
-// parseChoiceAt reads the choice at b[i] into c and returns the index
-// just after it (-1: malformed). A choice that is not an object is
-// skipped. The choice's "index" is read into c.Index for the first
-// choice of the payload only (c.Choices == 1).
-func parseChoiceAt(b []byte, i int, c *Chunk) int {
+// parseChoiceAt reads the choice at b[i] into c, and its answer text
+// into t when t is not nil, and returns the index just after it (-1:
+// malformed). A choice that is not an object is skipped. The choice's
+// "index" is read into c.Index for the first choice of the payload only
+// (c.Choices == 1).
+func parseChoiceAt(b []byte, i int, c *Chunk, t *answerText) int {
 	if b[i] != '{' {
 		return skipValue(b, i)
 	}
@@ -264,11 +270,15 @@ func parseChoiceAt(b []byte, i int, c *Chunk) int {
 				switch string(k) {
 				// A refusal is the model's answer, streamed as text
 				// in its own member (OpenAI's structured outputs): output,
-				// as Responses' response.refusal.delta is.
+				// as Responses' response.refusal.delta is, but not answer
+				// text.
 				case "content", "refusal":
 					e := skipValue(b, v)
 					if e >= 0 && nonEmptyStr(b[v:e]) {
 						c.Output = true
+					}
+					if t != nil && e >= 0 && k[0] == 'c' {
+						t.add(b[v:e])
 					}
 					return e
 				case "reasoning_content", "reasoning":
@@ -294,6 +304,9 @@ func parseChoiceAt(b []byte, i int, c *Chunk) int {
 			e := skipValue(b, v)
 			if e >= 0 && nonEmptyStr(b[v:e]) {
 				c.Output = true
+			}
+			if t != nil && e >= 0 {
+				t.add(b[v:e])
 			}
 			return e
 		case "finish_reason":

@@ -37,7 +37,13 @@ import "bytes"
 //
 // The response id (resp_...) and model come from the response object of
 // response.created (and of the terminal event).
-func ParseResponses(data []byte, c *Chunk) {
+func ParseResponses(data []byte, c *Chunk) { parseResponses(data, c, nil) }
+
+// parseResponses is ParseResponses, writing to t (when not nil) the
+// answer text: the response.output_text.delta deltas, or a whole
+// response's output_text parts of its message items (not the refusals
+// nor the reasoning).
+func parseResponses(data []byte, c *Chunk, t *answerText) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -70,6 +76,9 @@ func ParseResponses(data []byte, c *Chunk) {
 	}
 	switch string(typ) {
 	case "response.output_text.delta":
+		if t != nil {
+			t.add(delta)
+		}
 		if nonEmptyStr(delta) {
 			c.Output = true
 			if n := countElements(logprobs); n > 0 {
@@ -83,16 +92,16 @@ func ParseResponses(data []byte, c *Chunk) {
 	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta":
 		c.Reasoning = nonEmptyStr(delta)
 	case "response.created", "response.in_progress", "response.queued":
-		parseResponseObject(resp, c)
+		parseResponseObject(resp, c, nil)
 	case "response.completed", "response.incomplete":
-		status, reason := parseResponseObject(resp, c)
+		status, reason := parseResponseObject(resp, c, nil)
 		c.Done = true
 		c.FinishReason = status
 		if len(reason) > 0 {
 			c.FinishReason = reason
 		}
 	case "response.failed":
-		parseResponseObject(resp, c)
+		parseResponseObject(resp, c, nil)
 		c.Error = true
 		if c.ErrorType == nil {
 			c.ErrorType = []byte("failed")
@@ -113,7 +122,7 @@ func ParseResponses(data []byte, c *Chunk) {
 	case "":
 		switch {
 		case string(object) == "response": // a whole non-streaming response
-			status, reason := parseResponseObject(d, c)
+			status, reason := parseResponseObject(d, c, t)
 			switch string(status) {
 			case "failed":
 				c.Error = true
@@ -136,10 +145,15 @@ func ParseResponses(data []byte, c *Chunk) {
 }
 
 // parseResponseObject reads a Responses API response object: id, model,
-// usage, error; it returns its status and incomplete_details.reason.
-func parseResponseObject(v []byte, c *Chunk) (status, reason []byte) {
+// usage, error, and the answer text of its output into t when t is not
+// nil; it returns its status and incomplete_details.reason.
+func parseResponseObject(v []byte, c *Chunk, t *answerText) (status, reason []byte) {
 	eachMember(v, func(k, v []byte) bool {
 		switch string(k) {
+		case "output":
+			if t != nil {
+				responseOutputText(v, t)
+			}
 		case "id":
 			c.ID, _ = strVal(v)
 		case "model":
@@ -187,6 +201,43 @@ func parseResponseObject(v []byte, c *Chunk) (status, reason []byte) {
 		return true
 	})
 	return status, reason
+}
+
+// responseOutputText writes the text of the output_text parts of the
+// message items of a response's output to t.
+func responseOutputText(output []byte, t *answerText) {
+	eachElement(output, func(item []byte) bool {
+		var typ, content []byte
+		eachMember(item, func(k, v []byte) bool {
+			switch string(k) {
+			case "type":
+				typ, _ = strVal(v)
+			case "content":
+				content = v
+			}
+			return true
+		})
+		if string(typ) != "message" {
+			return true
+		}
+		eachElement(content, func(part []byte) bool {
+			var typ, text []byte
+			eachMember(part, func(k, v []byte) bool {
+				switch string(k) {
+				case "type":
+					typ, _ = strVal(v)
+				case "text":
+					text = v
+				}
+				return true
+			})
+			if string(typ) == "output_text" {
+				t.add(text)
+			}
+			return true
+		})
+		return true
+	})
 }
 
 func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
