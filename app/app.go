@@ -380,39 +380,72 @@ func (s *Sidecar) startSimulator() error {
 	return nil
 }
 
-// openEnergy opens NVML as the configuration asks and returns the
-// sampler, or nil when energy is off (said once, with why).
+// openEnergy opens the energy source the configuration asks for (auto:
+// NVML, then the node's DCGM exporter when its URL is configured or
+// derivable) and returns the sampler, or nil when energy is off (said
+// once, with why, and counted in tokentap_gpu_source_errors_total).
 func (s *Sidecar) openEnergy(ctx context.Context, metrics *exporter.Metrics) *gpu.Sampler {
 	cfg, log := s.cfg.Energy, s.log
 	state, reason := gpu.StateOff, "disabled"
 	defer func() { gpu.ExportState(metrics.Registry, state, reason) }()
-	if cfg.Enabled == "off" {
+	if cfg.Enabled == "off" || cfg.Source == "off" {
 		return nil
 	}
+	faults := gpu.NewFaults(metrics.Registry, log)
 	sel, none := gpu.Selection(cfg.Devices, s.env.Getenv)
-	open := s.env.OpenGPU
-	if open == nil {
-		open = gpu.Open
-	}
-	src, err := open(sel, none)
-	switch {
-	case err != nil:
-		reason = gpu.Reason(err)
-		lvl := slog.LevelInfo
-		if cfg.Enabled == "on" {
-			lvl = slog.LevelError
+	var why []any
+	if cfg.Source != "dcgm" {
+		open := s.env.OpenGPU
+		if open == nil {
+			open = gpu.Open
 		}
-		log.Log(ctx, lvl, "energy off: GPU energy needs NVML; everything else runs", "reason", err)
-		return nil
-	case len(src.Devices()) == 0:
-		src.Close()
-		reason = "no_devices"
-		log.Warn("energy off: NVML found no selected GPU", "selection", sel)
-		return nil
+		src, err := open(sel, none)
+		switch {
+		case err != nil:
+			reason = gpu.Reason(err)
+			why = append(why, "nvml", err)
+		case len(src.Devices()) == 0:
+			src.Close()
+			reason = "no_devices"
+			why = append(why, "nvml", fmt.Sprintf("no selected GPU (selection %v)", sel))
+		default:
+			state, reason = gpu.StateOn, "nvml"
+			return s.startEnergy(src, cfg, metrics, reason)
+		}
 	}
-	state, reason = gpu.StateOn, "nvml"
+	if cfg.Source != "nvml" {
+		t, ok := gpu.ResolveDCGM(cfg.DCGM, sel, s.env.Getenv)
+		if ok || cfg.Source == "dcgm" {
+			src, err := gpu.OpenDCGM(ctx, t, cfg.Interval, faults)
+			switch {
+			case err != nil:
+				reason = "dcgm_unavailable"
+				why = append(why, "dcgm", err)
+			case len(src.Devices()) == 0:
+				src.Close()
+				reason = "no_devices"
+				why = append(why, "dcgm", fmt.Sprintf("no GPU of pod %s/%s (or of selection %v) at %s", t.Namespace, t.Pod, sel, t.URL))
+			default:
+				state, reason = gpu.StateOn, "dcgm"
+				return s.startEnergy(src, cfg, metrics, reason)
+			}
+		} else {
+			why = append(why, "dcgm", "no exporter URL (energy.dcgm.url, TOKENTAP_DCGM_URL or NODE_IP)")
+		}
+	}
+	lvl := slog.LevelInfo
+	if cfg.Enabled == "on" || cfg.Source == "nvml" || cfg.Source == "dcgm" {
+		lvl = slog.LevelError
+	}
+	log.Log(ctx, lvl, "energy off: no GPU energy source works; everything else runs", append([]any{"reason", reason}, why...)...)
+	faults.Count("energy_off")
+	return nil
+}
+
+// startEnergy makes the sampler of an opened source.
+func (s *Sidecar) startEnergy(src gpu.Source, cfg config.Energy, metrics *exporter.Metrics, via string) *gpu.Sampler {
 	s.defer_(func() { src.Close() })
-	log.Info("energy on", "gpus", len(src.Devices()), "interval", cfg.Interval)
+	s.log.Info("energy on", "source", via, "gpus", len(src.Devices()), "interval", cfg.Interval)
 	return gpu.NewSampler(src, cfg, metrics.Registry)
 }
 

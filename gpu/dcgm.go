@@ -40,20 +40,22 @@ var ErrNoDCGM = errors.New("DCGM exporter is not available")
 
 // DCGMTarget is the exporter to scrape and how to pick this pod's GPUs
 // in it: by Selection (indices or UUIDs, as Selection returns) when
-// non-nil, else by the Pod and Namespace labels.
+// non-nil, else by the Pod and Namespace labels (an empty Namespace
+// matches any).
 type DCGMTarget struct {
 	URL            string
 	Pod, Namespace string
 	Selection      []string
-	None           bool
 }
 
 // ResolveDCGM fills what c leaves empty from the environment the chart
 // sets through the downward API: the URL from TOKENTAP_DCGM_URL, else
 // http://$NODE_IP:9400/metrics; the pod and namespace from POD_NAME and
-// POD_NAMESPACE. ok is false when there is no URL to be had.
-func ResolveDCGM(c config.DCGM, sel []string, none bool, getenv func(string) string) (t DCGMTarget, ok bool) {
-	t = DCGMTarget{URL: c.URL, Pod: c.Pod, Namespace: c.Namespace, Selection: sel, None: none}
+// POD_NAMESPACE. sel is Selection's list; its "none" (a sidecar that
+// sees no GPU itself, the case DCGM is for) is passed as nil: select by
+// pod. ok is false when there is no URL to be had.
+func ResolveDCGM(c config.DCGM, sel []string, getenv func(string) string) (t DCGMTarget, ok bool) {
+	t = DCGMTarget{URL: c.URL, Pod: c.Pod, Namespace: c.Namespace, Selection: sel}
 	if t.URL == "" {
 		t.URL = getenv("TOKENTAP_DCGM_URL")
 	}
@@ -104,6 +106,18 @@ func NewFaults(reg prometheus.Registerer, log *slog.Logger) *Faults {
 	return f
 }
 
+// Count counts a fault its caller has logged itself: Report will not
+// log that reason again.
+func (f *Faults) Count(reason string) {
+	if f == nil {
+		return
+	}
+	f.errs.WithLabelValues(reason).Inc()
+	f.mu.Lock()
+	f.logged[reason] = true
+	f.mu.Unlock()
+}
+
 // Report counts one fault, and logs it the first time its reason occurs.
 func (f *Faults) Report(reason string, err error) {
 	if f == nil {
@@ -147,9 +161,6 @@ func OpenDCGM(ctx context.Context, t DCGMTarget, timeout time.Duration, faults *
 	fams, err := s.scrape(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDCGM, err)
-	}
-	if t.None {
-		return s, nil
 	}
 	if t.Selection == nil && t.Pod == "" {
 		return nil, fmt.Errorf("%w: no pod to select GPUs by (energy.dcgm.pod or POD_NAME) and no device list", ErrNoDCGM)

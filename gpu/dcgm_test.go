@@ -133,7 +133,6 @@ func TestDCGMSelectsThisPodsGPUs(t *testing.T) {
 		{"by pod and namespace", DCGMTarget{URL: url, Pod: "vllm-0", Namespace: "llm"}, []string{uuidA0, uuidA1}},
 		{"the other node's pod", DCGMTarget{URL: url, Pod: "vllm-1", Namespace: "llm"}, []string{uuidB0, uuidB1}},
 		{"by UUID (NVIDIA_VISIBLE_DEVICES), prefix", DCGMTarget{URL: url, Pod: "vllm-0", Namespace: "llm", Selection: []string{uuidB1, "GPU-5b4e07f6"}}, []string{uuidA0, uuidB1}},
-		{"none", DCGMTarget{URL: url, Pod: "vllm-0", None: true}, nil},
 		{"a pod without GPUs", DCGMTarget{URL: url, Pod: "router-0", Namespace: "llm"}, nil},
 	}
 	for _, c := range cases {
@@ -162,22 +161,22 @@ func TestDCGMSelectsThisPodsGPUs(t *testing.T) {
 func TestResolveDCGMFromTheDownwardAPI(t *testing.T) {
 	env := map[string]string{"NODE_IP": "10.0.3.17", "POD_NAME": "vllm-0", "POD_NAMESPACE": "llm"}
 	getenv := func(k string) string { return env[k] }
-	got, ok := ResolveDCGM(config.DCGM{}, nil, false, getenv)
+	got, ok := ResolveDCGM(config.DCGM{}, nil, getenv)
 	if want := (DCGMTarget{URL: "http://10.0.3.17:9400/metrics", Pod: "vllm-0", Namespace: "llm"}); !ok || !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v %v, want %+v", got, ok, want)
 	}
 	env["NODE_IP"] = "fd00::7"
-	if got, _ := ResolveDCGM(config.DCGM{}, nil, false, getenv); got.URL != "http://[fd00::7]:9400/metrics" {
+	if got, _ := ResolveDCGM(config.DCGM{}, nil, getenv); got.URL != "http://[fd00::7]:9400/metrics" {
 		t.Errorf("IPv6: %s", got.URL)
 	}
 	env["TOKENTAP_DCGM_URL"] = "http://10.0.3.17:9500/metrics"
-	if got, _ := ResolveDCGM(config.DCGM{}, nil, false, getenv); got.URL != env["TOKENTAP_DCGM_URL"] {
+	if got, _ := ResolveDCGM(config.DCGM{}, nil, getenv); got.URL != env["TOKENTAP_DCGM_URL"] {
 		t.Errorf("TOKENTAP_DCGM_URL: %s", got.URL)
 	}
-	if got, _ := ResolveDCGM(config.DCGM{URL: "http://x:1/m", Pod: "p", Namespace: "n"}, nil, false, getenv); got.URL != "http://x:1/m" || got.Pod != "p" || got.Namespace != "n" {
+	if got, _ := ResolveDCGM(config.DCGM{URL: "http://x:1/m", Pod: "p", Namespace: "n"}, nil, getenv); got.URL != "http://x:1/m" || got.Pod != "p" || got.Namespace != "n" {
 		t.Errorf("config wins: %+v", got)
 	}
-	if _, ok := ResolveDCGM(config.DCGM{}, nil, false, func(string) string { return "" }); ok {
+	if _, ok := ResolveDCGM(config.DCGM{}, nil, func(string) string { return "" }); ok {
 		t.Error("no URL derivable, but ok")
 	}
 }
@@ -380,6 +379,11 @@ func TestFaultsEnergyOff(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(f.errs.WithLabelValues("energy_off")); got != 2 {
 		t.Errorf("counted %v, want 2", got)
+	}
+	f.Count("dcgm_unreachable") // logged by its caller: counted, never logged here
+	f.Report("dcgm_unreachable", fmt.Errorf("refused"))
+	if strings.Contains(log.String(), "dcgm_unreachable") || testutil.ToFloat64(f.errs.WithLabelValues("dcgm_unreachable")) != 2 {
+		t.Errorf("Count then Report:\n%s", log.String())
 	}
 	var nilFaults *Faults
 	nilFaults.Report("energy_off", nil) // a nil *Faults does nothing

@@ -17,7 +17,7 @@ const (
 // there is no J/token instead of showing an empty panel.
 func ExportState(reg prometheus.Registerer, state, reason string) {
 	on := prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokentap_energy_enabled", Help: "1 when GPU energy is measured, 0 when it is off (see tokentap_energy_info for why)."})
-	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokentap_energy_info", Help: "Energy measurement state (on/off) and the reason: nvml, disabled, nvml_unavailable, no_cgo, no_devices."}, []string{"state", "reason"})
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokentap_energy_info", Help: "Energy measurement state (on/off) and the reason: nvml, dcgm (on); disabled, nvml_unavailable, no_cgo, dcgm_unavailable, no_devices (off)."}, []string{"state", "reason"})
 	reg.MustRegister(on, info)
 	if state == StateOn {
 		on.Set(1)
