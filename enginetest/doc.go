@@ -27,6 +27,11 @@
 // reaches past 127.0.0.1: the npm registry, with the machine's own
 // settings); a missing node or npm skips it, or fails it with CI=true.
 //
+// One test needs no engine: Google's Gen AI Go SDK (google.golang.org/genai)
+// drives the Gemini API through the sidecar's egress proxy (--egress-listen)
+// against a loopback TLS upstream named localhost that plays
+// generativelanguage.googleapis.com (gemini_test.go).
+//
 // This is a module of its own (go.mod, with a replace directive to the
 // main module) so that the SDKs stay out of tokentap's go.mod.
 // scripts/test.sh runs its tests with CI=true: a missing ollama fails them

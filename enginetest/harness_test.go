@@ -92,13 +92,8 @@ func start(bin string) (*world, error) {
 	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
 	w := &world{dir: dir}
 
-	// The sidecar, built as the main module (its own go.mod and go.sum, so
-	// that this module's SDK requirements do not change its dependencies).
-	w.sidecar = filepath.Join(dir, "sidecar")
-	build := exec.Command("go", "build", "-o", w.sidecar, "./cmd/sidecar")
-	build.Dir = ".."
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./cmd/sidecar: %v\n%s", err, out)
+	if w.sidecar, err = buildSidecar(dir); err != nil {
+		return nil, err
 	}
 
 	if err := gguf.WriteFile(filepath.Join(dir, "tiny.gguf"), gguf.Config{Seed: modelSeed}); err != nil {
@@ -186,6 +181,19 @@ func start(bin string) (*world, error) {
 		return nil, fmt.Errorf("loading the model: %d %s\n%s", resp.StatusCode, b, w.logTail())
 	}
 	return w, nil
+}
+
+// buildSidecar builds the sidecar binary into dir and returns its path.
+// It is built as the main module (its own go.mod and go.sum, so that this
+// module's SDK requirements do not change its dependencies).
+func buildSidecar(dir string) (string, error) {
+	bin := filepath.Join(dir, "sidecar")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/sidecar")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/sidecar: %v\n%s", err, out)
+	}
+	return bin, nil
 }
 
 func (w *world) logTail() string {
