@@ -119,7 +119,7 @@ func geminiObject(v []byte, c *Chunk, t *answerText) bool {
 				return true
 			})
 		case "usageMetadata":
-			geminiUsage(v, c)
+			readUsage(&usageGemini, v, c)
 		case "modelVersion":
 			c.Model, _ = strVal(v)
 		case "responseId":
@@ -162,28 +162,10 @@ func geminiPart(p []byte, c *Chunk, t *answerText) {
 	}
 }
 
-func geminiUsage(v []byte, c *Chunk) {
-	var out int64
-	var hasOut bool
-	eachMember(v, func(k, v []byte) bool {
-		n, ok := intVal(v)
-		if !ok {
-			return true
-		}
-		switch string(k) {
-		case "promptTokenCount":
-			c.PromptTokens, c.HasPrompt = n, true
-		case "cachedContentTokenCount":
-			c.CachedTokens = n
-		case "candidatesTokenCount", "thoughtsTokenCount":
-			out, hasOut = out+n, true
-		}
-		return true
-	})
-	if hasOut {
-		c.CompletionTokens, c.Usage = out, true
-	}
-}
+// usageGemini: UsageMetadata; the reasoning (thoughtsTokenCount) is
+// output, as in the other formats' counts.
+var usageGemini = Usage{Input: []string{"promptTokenCount"}, Cached: []string{"cachedContentTokenCount"},
+	Output: []string{"candidatesTokenCount"}, Reasoning: []string{"thoughtsTokenCount"}}
 
 // geminiError reads Google's error object: code (the HTTP status) and
 // status (RESOURCE_EXHAUSTED, UNAVAILABLE...: the error type).

@@ -85,8 +85,8 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 				c.ID, _ = strVal(v)
 			case "model":
 				c.Model, _ = strVal(v)
-			case "usage":
-				parseMessagesUsage(v, c, false)
+			case "usage": // its output_tokens is a placeholder
+				readUsage(&usageMessagesStart, v, c)
 			}
 			return true
 		})
@@ -126,7 +126,7 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 			}
 			return true
 		})
-		parseMessagesUsage(usage, c, true)
+		readUsage(&usageMessages, usage, c)
 	case "message_stop":
 		c.Done = true
 	case "error":
@@ -141,7 +141,7 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 		c.ID, _ = strVal(id)
 		c.Model, _ = strVal(model)
 		c.FinishReason, _ = strVal(stop)
-		parseMessagesUsage(usage, c, true)
+		readUsage(&usageMessages, usage, c)
 		c.Done = true
 		if t != nil {
 			eachElement(content, func(b []byte) bool {
@@ -173,34 +173,13 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 	}
 }
 
-// parseMessagesUsage reads an Anthropic usage object. The input count is
-// input_tokens plus cache_read_input_tokens and
-// cache_creation_input_tokens (Anthropic counts cached input apart from
-// input_tokens); output_tokens is read only when final.
-func parseMessagesUsage(v []byte, c *Chunk, final bool) {
-	var in, cacheRead, cacheWrite int64
-	hasIn := false
-	eachMember(v, func(k, v []byte) bool {
-		n, ok := intVal(v)
-		if !ok {
-			return true
-		}
-		switch string(k) {
-		case "input_tokens":
-			in, hasIn = n, true
-		case "cache_read_input_tokens":
-			cacheRead, hasIn = n, true
-		case "cache_creation_input_tokens":
-			cacheWrite, hasIn = n, true
-		case "output_tokens":
-			if final {
-				c.CompletionTokens, c.Usage = n, true
-			}
-		}
-		return true
-	})
-	if hasIn {
-		c.PromptTokens, c.HasPrompt = in+cacheRead+cacheWrite, true
-		c.CachedTokens = cacheRead
-	}
-}
+// usageMessages: Anthropic's usage. The input count is input_tokens
+// plus cache_read_input_tokens and cache_creation_input_tokens
+// (Anthropic counts cached input apart from input_tokens), the cache
+// reads being the cached tokens. usageMessagesStart is message_start's,
+// whose output_tokens is a placeholder.
+var (
+	usageMessages = Usage{Input: []string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"},
+		Cached: []string{"cache_read_input_tokens"}, Output: []string{"output_tokens"}}
+	usageMessagesStart = Usage{Input: usageMessages.Input, Cached: usageMessages.Cached}
+)

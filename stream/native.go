@@ -34,7 +34,7 @@ func parseOllama(data []byte, c *Chunk, t *answerText) {
 		return
 	}
 	var engine EngineTimes
-	var evalCount []byte
+	var counts usageCounts
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "model":
@@ -54,12 +54,6 @@ func parseOllama(data []byte, c *Chunk, t *answerText) {
 			c.Done = boolVal(v)
 		case "done_reason":
 			c.FinishReason, _ = strVal(v)
-		case "eval_count":
-			evalCount = v
-		case "prompt_eval_count":
-			if n, ok := intVal(v); ok {
-				c.PromptTokens, c.HasPrompt = n, true
-			}
 		case "total_duration":
 			engine.setNanos(EngineTotal, v)
 		case "load_duration":
@@ -75,6 +69,8 @@ func parseOllama(data []byte, c *Chunk, t *answerText) {
 			} else {
 				parseError(v, c)
 			}
+		default:
+			counts.member(&usageOllama, k, v)
 		}
 		return true
 	})
@@ -82,14 +78,15 @@ func parseOllama(data []byte, c *Chunk, t *answerText) {
 		*c = Chunk{Malformed: true, Choices: -1}
 		return
 	}
+	counts.set(c)
 	if c.Done {
-		c.Usage = true
-		c.CompletionTokens, _ = intVal(evalCount) // omitted when zero
+		c.Usage = true // eval_count is omitted when zero
 		c.Engine = engine
-	} else if n, ok := intVal(evalCount); ok {
-		c.CompletionTokens, c.Usage = n, true
 	}
 }
+
+// usageOllama: Metrics, at the top level of a payload.
+var usageOllama = Usage{Input: []string{"prompt_eval_count"}, Output: []string{"eval_count"}}
 
 func ollamaContent(k, v []byte, c *Chunk, t *answerText) {
 	switch string(k) {
@@ -151,21 +148,16 @@ func parseTGI(data []byte, c *Chunk, t *answerText) {
 				generated = v
 			}
 		case "details":
+			var counts usageCounts
 			eachMember(v, func(k, v []byte) bool {
-				switch string(k) {
-				case "finish_reason":
+				if string(k) == "finish_reason" {
 					c.FinishReason, _ = strVal(v)
-				case "generated_tokens":
-					if n, ok := intVal(v); ok {
-						c.CompletionTokens, c.Usage = n, true
-					}
-				case "input_length":
-					if n, ok := intVal(v); ok {
-						c.PromptTokens, c.HasPrompt = n, true
-					}
+				} else {
+					counts.member(&usageTGI, k, v)
 				}
 				return true
 			})
+			counts.set(c)
 		case "error":
 			c.Error = true
 			if _, ok := strVal(v); ok {
@@ -190,6 +182,9 @@ func parseTGI(data []byte, c *Chunk, t *answerText) {
 		tgiText(token, generated, t)
 	}
 }
+
+// usageTGI: StreamDetails (and Details), beside the finish reason.
+var usageTGI = Usage{Input: []string{"input_length"}, Output: []string{"generated_tokens"}}
 
 // tgiText writes the answer text of a TGI payload to t: its token's text
 // unless the token is special, else the generated_text of a whole body.
@@ -247,6 +242,7 @@ func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 		return
 	}
 	probs := 0
+	var counts usageCounts
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
 		case "content":
@@ -266,14 +262,6 @@ func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 			c.FinishReason, _ = strVal(v)
 		case "model":
 			c.Model, _ = strVal(v)
-		case "tokens_predicted":
-			if n, ok := intVal(v); ok {
-				c.CompletionTokens, c.Usage = n, true
-			}
-		case "tokens_evaluated":
-			if n, ok := intVal(v); ok {
-				c.PromptTokens, c.HasPrompt = n, true
-			}
 		case "timings":
 			parseLlamaTimings(v, c)
 		case "error":
@@ -283,6 +271,8 @@ func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 			} else {
 				c.ErrorType = []byte("error")
 			}
+		default:
+			counts.member(&usageLlamaCpp, k, v)
 		}
 		return true
 	})
@@ -290,6 +280,7 @@ func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 		*c = Chunk{Malformed: true, Choices: -1}
 		return
 	}
+	counts.set(c)
 	if c.TokensFrom == SourceNone && probs > 0 && c.Output {
 		c.Tokens, c.TokensFrom = int64(probs), SourceLogprobs
 	}
@@ -297,6 +288,10 @@ func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
 		c.Tokens, c.TokensFrom = 0, SourceNone
 	}
 }
+
+// usageLlamaCpp: the counts at the top level of every payload; the
+// cached input is timings.cache_n (parseLlamaTimings).
+var usageLlamaCpp = Usage{Input: []string{"tokens_evaluated"}, Output: []string{"tokens_predicted"}}
 
 // parseLlamaTimings reads llama.cpp's timings object (result_timings):
 // prompt_ms and predicted_ms are the engine's prefill and decode times,

@@ -171,7 +171,7 @@ func parseOpenAI(data []byte, c *Chunk, t *answerText) {
 			c.Error = true
 			parseError(val, c)
 		case "usage":
-			parseUsage(val, c)
+			readUsage(&usageOpenAI, val, c)
 		case "timings": // llama.cpp, on the last chunk
 			parseLlamaTimings(val, c)
 		}
@@ -344,28 +344,10 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *answerText) int {
 	})
 }
 
-func parseUsage(v []byte, c *Chunk) {
-	eachMember(v, func(k, v []byte) bool {
-		switch string(k) {
-		case "prompt_tokens":
-			if n, ok := intVal(v); ok {
-				c.PromptTokens, c.HasPrompt = n, true
-			}
-		case "completion_tokens":
-			if n, ok := intVal(v); ok {
-				c.CompletionTokens, c.Usage = n, true
-			}
-		case "prompt_tokens_details":
-			eachMember(v, func(k, v []byte) bool {
-				if string(k) == "cached_tokens" {
-					c.CachedTokens, _ = intVal(v)
-				}
-				return true
-			})
-		}
-		return true
-	})
-}
+// usageOpenAI: CompletionUsage (completion_tokens includes the
+// completion_tokens_details.reasoning_tokens).
+var usageOpenAI = Usage{Input: []string{"prompt_tokens"}, Cached: []string{"prompt_tokens_details.cached_tokens"},
+	Output: []string{"completion_tokens"}}
 
 // Rejection reports whether an error chunk means the engine refused
 // admission (overload) rather than failing a request it had taken.

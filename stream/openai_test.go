@@ -187,7 +187,7 @@ func FuzzParseOpenAI(f *testing.F) {
 			return
 		}
 		var top map[string]json.RawMessage
-		if json.Unmarshal(data, &top) != nil {
+		if json.Unmarshal(data, &top) != nil || top == nil { // null decodes to a nil map
 			if !c.Malformed {
 				t.Fatalf("%q: not a JSON object, but not malformed", data)
 			}

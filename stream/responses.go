@@ -168,26 +168,7 @@ func parseResponseObject(v []byte, c *Chunk, t *answerText) (status, reason []by
 				return true
 			})
 		case "usage":
-			eachMember(v, func(k, v []byte) bool {
-				switch string(k) {
-				case "input_tokens":
-					if n, ok := intVal(v); ok {
-						c.PromptTokens, c.HasPrompt = n, true
-					}
-				case "output_tokens":
-					if n, ok := intVal(v); ok {
-						c.CompletionTokens, c.Usage = n, true
-					}
-				case "input_tokens_details":
-					eachMember(v, func(k, v []byte) bool {
-						if string(k) == "cached_tokens" {
-							c.CachedTokens, _ = intVal(v)
-						}
-						return true
-					})
-				}
-				return true
-			})
+			readUsage(&usageResponses, v, c)
 		case "error":
 			eachMember(v, func(k, v []byte) bool {
 				if string(k) == "code" {
@@ -239,5 +220,10 @@ func responseOutputText(output []byte, t *answerText) {
 		return true
 	})
 }
+
+// usageResponses: ResponseUsage (output_tokens includes the
+// output_tokens_details.reasoning_tokens).
+var usageResponses = Usage{Input: []string{"input_tokens"}, Cached: []string{"input_tokens_details.cached_tokens"},
+	Output: []string{"output_tokens"}}
 
 func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
