@@ -34,6 +34,56 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+The sidecar's configuration file: tokentap.config, with energy.source set
+from tokentap.energy.source when that is given.
+*/}}
+{{- define "tokentap.config" -}}
+{{- $cfg := deepCopy .Values.tokentap.config -}}
+{{- with .Values.tokentap.energy.source -}}
+{{- $energy := deepCopy (default (dict) (get $cfg "energy")) -}}
+{{- $_ := set $energy "source" . -}}
+{{- $_ := set $cfg "energy" $energy -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+The sidecar's energy environment (docs/deploy.md, "Energy"). With
+energy.visibleDevices, NVIDIA_VISIBLE_DEVICES makes the engine's GPUs
+visible to the sidecar for NVML (the NVIDIA container toolkit honours it
+in a container that requests no GPU only while its
+accept-nvidia-visible-devices-envvar-when-unprivileged is true), with
+the utility capability alone (NVML, no CUDA). With energy.source dcgm or
+auto, the node's dcgm-exporter URL comes from the downward API
+(status.hostIP) and the pod's name and namespace select its GPUs there.
+*/}}
+{{- define "tokentap.energyEnv" -}}
+{{- $e := .Values.tokentap.energy -}}
+{{- with $e.visibleDevices }}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: {{ . | quote }}
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end }}
+{{- if has $e.source (list "dcgm" "auto") }}
+- name: NODE_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: TOKENTAP_DCGM_URL
+  value: {{ printf "http://$(NODE_IP):%v%s" $e.dcgm.port $e.dcgm.path | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
 The sidecar: a native sidecar (Kubernetes 1.29+), that is an init
 container with restartPolicy: Always. It starts before the engine, runs
 beside it and stops after it. It forwards to the engine on
@@ -53,9 +103,15 @@ beside it and stops after it. It forwards to the engine on
     {{- range $t.extraArgs }}
     - {{ . | quote }}
     {{- end }}
-  {{- with $t.env }}
+  {{- $energyEnv := include "tokentap.energyEnv" . }}
+  {{- if or $t.env $energyEnv }}
   env:
+    {{- with $energyEnv }}
+    {{- . | trim | nindent 4 }}
+    {{- end }}
+    {{- with $t.env }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
   ports:
     - name: http
