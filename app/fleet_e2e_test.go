@@ -157,19 +157,19 @@ cost:
 	// The measured scrape durations bound how long a sample takes to be
 	// stored after its timestamp (scrape_duration_seconds runs from the
 	// scrape's start, its samples' timestamp, to their append; only the
-	// commit is left): the margin is three times the longest. A rule
-	// evaluation is checked only when every sidecar's last sample before
-	// it is older than the margin. The rules run every 2.6 s and the
-	// scrapes every 2 s, so the gap between them turns through ten phases
-	// 0.2 s apart and, with a margin of at most 0.6 s, one evaluation in
-	// ten at least is clear of all three sidecars' scrapes.
+	// commit is left). A rule evaluation is checked only when every
+	// sidecar's last sample before it was stored before it: older than
+	// that scrape's own duration plus 0.1 s for the commit (settled). The
+	// rules run every 2.6 s and the scrapes every 2 s, so the gap between
+	// them turns through ten phases 0.2 s apart: on a busy machine whose
+	// scrapes take long, more evaluations are skipped, none is misread.
+	// margin, three times the longest scrape, bounds the cost check's
+	// tolerance for the price's slope.
 	margin := 0.05
 	for _, s := range api.vector(`max_over_time(scrape_duration_seconds[10m])`, 0) {
 		margin = math.Max(margin, 3*s.v)
 	}
-	if margin > 0.6 {
-		t.Fatalf("scrapes took up to %.3f s: too slow to tell which samples a rule evaluation saw", margin/3)
-	}
+	t.Logf("scrapes took up to %.3f s", margin/3)
 	final := time.Now()
 
 	// The pooled figures of the records alone.
@@ -231,7 +231,7 @@ cost:
 		checked := map[int64]bool{}
 		for deadline := time.Now().Add(2 * time.Minute); len(checked) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
 			for _, at := range api.evalTimes(g.probe, final) {
-				if len(checked) == 2 || checked[at] || !api.settled(at, margin) {
+				if len(checked) == 2 || checked[at] || !api.settled(at) {
 					continue
 				}
 				want := g.check(at)
@@ -567,6 +567,16 @@ scrape_configs:
 	prom := freePort(t)
 	testtool.Start(t, "prometheus", bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+prom, "--log.level=warn")
+	// Until its storage is open, Prometheus answers its API with a plain
+	// "Service Unavailable": wait for /-/ready.
+	fleetWait(t, "Prometheus to be ready", func() bool {
+		resp, err := http.Get("http://" + prom + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	return prom
 }
 
@@ -754,12 +764,17 @@ func (p promAPI) ruleHealth() string {
 }
 
 // settled reports whether every sidecar's last scrape at or before at
-// was at least margin seconds earlier: stored before a rule evaluated at
-// at read it.
-func (p promAPI) settled(at int64, margin float64) bool {
+// was stored before at: its timestamp older than its own duration plus
+// 0.1 s for the commit, so that a rule evaluated at at read it.
+func (p promAPI) settled(at int64) bool {
 	p.t.Helper()
-	for _, s := range p.matrix(`up`, 10*time.Second, at) {
-		if last := s.samples[len(s.samples)-1].t; float64(at-last)/1000 < margin {
+	series := p.matrix(`scrape_duration_seconds`, 10*time.Second, at)
+	if len(series) == 0 {
+		return false
+	}
+	for _, s := range series {
+		last := s.samples[len(s.samples)-1]
+		if float64(at-last.t)/1000 < last.v+0.1 {
 			return false
 		}
 	}
