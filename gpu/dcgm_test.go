@@ -253,8 +253,8 @@ func TestDCGMWindowJoulesPerToken(t *testing.T) {
 	within(t, "window energy of this pod's GPUs (J)", r.gpuEnergy(), windowJ, 1e-9)
 	within(t, "window J/token", r.gpuEnergy()/360, 2582.25/360, 1e-9)
 	within(t, "the request's energy (J)", rec.EnergyJ, windowJ, 1e-9)
-	if rec.EnergySource != "dcgm_counter" {
-		t.Errorf("energy_source %q, want dcgm_counter", rec.EnergySource)
+	if rec.EnergySource != "dcgm_counter" || rec.EnergyInterval != time.Second {
+		t.Errorf("energy_source %q, interval %v: want dcgm_counter and the sampler's 1s (the record says which source and interval produced its energy)", rec.EnergySource, rec.EnergyInterval)
 	}
 	if got := testutil.ToFloat64(r.s.power.WithLabelValues(gpuLabels(r.s.src.Devices()[0])...)); got != 412.518 {
 		t.Errorf("power gauge %v W", got)

@@ -397,6 +397,7 @@ func (s *Sampler) takeDone() []*Req {
 func (s *Sampler) finish(r *Req) {
 	rec := r.rec
 	rec.EnergyJ, rec.EnergyDynamicJ, rec.DecodeSOL = r.energy, r.dyn, 0
+	rec.EnergyInterval = s.cfg.Interval
 	switch r.sources {
 	case viaCounter:
 		rec.EnergySource = s.origin + "counter"

@@ -113,6 +113,8 @@ var members = func() []member {
 		{name: "energy_j", omit: noEnergy, value: rounded(func(r *Record) float64 { return r.EnergyJ }, 1e4)},
 		{name: "energy_dynamic_j", omit: noEnergy, value: rounded(func(r *Record) float64 { return r.EnergyDynamicJ }, 1e4)},
 		{name: "energy_source", omit: noEnergy, value: str(func(r *Record) string { return r.EnergySource })},
+		{name: "energy_interval_ms", omit: func(r *Record) bool { return noEnergy(r) || r.EnergyInterval <= 0 },
+			value: func(b []byte, r *Record) []byte { return strconv.AppendInt(b, r.EnergyInterval.Milliseconds(), 10) }},
 		{name: "decode_sol_ratio", omit: func(r *Record) bool { return noEnergy(r) || r.DecodeSOL <= 0 },
 			value: rounded(func(r *Record) float64 { return r.DecodeSOL }, 1e4)},
 		{name: "slo", omit: func(r *Record) bool { return len(r.SLO) == 0 }, value: func(b []byte, r *Record) []byte {

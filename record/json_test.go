@@ -63,7 +63,7 @@ func TestMembersWrittenOnceInOrder(t *testing.T) {
 	r.ChoiceSlot(1)
 	r.ChoicesUntracked = 1
 	r.Probe = &ProbeInfo{Name: "p", Scheduled: r.Arrive.Add(-time.Millisecond)}
-	r.EnergySource, r.DecodeSOL = "counter", 0.5
+	r.EnergySource, r.EnergyInterval, r.DecodeSOL = "counter", time.Second, 0.5
 	b, _ := r.MarshalJSON()
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {

@@ -192,6 +192,11 @@ type Record struct {
 	// measured ("" when energy is off).
 	EnergyJ, EnergyDynamicJ float64
 	EnergySource            string
+	// EnergyInterval is the sampling interval whose energy was shared
+	// out (energy.interval); 0 when energy is off. With the DCGM source
+	// the exporter's own collection interval bounds the resolution too
+	// (docs/energy.md).
+	EnergyInterval time.Duration
 	// DecodeSOL is the measured decode rate as a fraction of the memory-
 	// bandwidth ceiling (0 when unknown).
 	DecodeSOL float64
