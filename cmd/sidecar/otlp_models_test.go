@@ -130,22 +130,7 @@ func startCollector(t *testing.T, bin string) (otlp, prom string) {
 	dir := t.TempDir()
 	otlp, prom = freePort(t), freePort(t)
 	cfg := filepath.Join(dir, "collector.yaml")
-	os.WriteFile(cfg, fmt.Appendf(nil, `
-service:
-  pipelines:
-    metrics:
-      receivers: [otlp]
-      exporters: [prometheus]
-  telemetry:
-    metrics:
-      level: none
-receivers:
-  otlp:
-    protocols:
-      http: {endpoint: "%s"}
-exporters:
-  prometheus: {endpoint: "%s"}
-`, otlp, prom), 0o644)
+	os.WriteFile(cfg, []byte(testtool.MetricsCollector{OTLPHTTP: otlp, Prometheus: prom}.Config()), 0o644)
 	testtool.Start(t, "collector", bin, "--config", cfg)
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if c, err := net.Dial("tcp", otlp); err == nil {
