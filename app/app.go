@@ -37,6 +37,7 @@ import (
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/structure"
 	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/upstream"
 )
@@ -137,21 +138,23 @@ type Sidecar struct {
 	addrs   Addrs
 	cleanup []func() // run in reverse by Close
 
-	otel     *tracing.Providers
-	metrics  *exporter.Metrics
-	up       *upstream.Upstream // health, engine kind, models: every poll of the engine
-	records  *record.File
-	sampler  *gpu.Sampler
-	engine   *engine.Scraper // nil when engine.enabled is off
-	proxy    *proxy.Proxy
-	ends     proxy.Ends // the proxy's end-of-request stages still running
-	prober   *probe.Prober
-	nprobes  int
-	proxySrv *http.Server
-	adminSrv *http.Server
-	pln, aln net.Listener
-	egress   *egress.Proxy // nil when egress.listen is not set
-	eln      net.Listener
+	otel    *tracing.Providers
+	metrics *exporter.Metrics
+	up      *upstream.Upstream // health, engine kind, models: every poll of the engine
+	records *record.File
+	sampler *gpu.Sampler
+	engine  *engine.Scraper // nil when engine.enabled is off
+	proxy   *proxy.Proxy
+	ends    proxy.Ends // the proxy's end-of-request stages still running
+	// structure checks answers when an SLO requires it; nil otherwise.
+	structure *structure.Checker
+	prober    *probe.Prober
+	nprobes   int
+	proxySrv  *http.Server
+	adminSrv  *http.Server
+	pln, aln  net.Listener
+	egress    *egress.Proxy // nil when egress.listen is not set
+	eln       net.Listener
 }
 
 func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
@@ -291,6 +294,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// The proxy, and the probes that send canary requests through the
 	// same pipeline.
 	probeSecret := randomHex(16)
+	if cfg.SLO.StructureChecks() { // one checker: one schema cache for every proxy
+		s.structure = &structure.Checker{}
+	}
 	s.proxy, err = proxy.New(proxy.Options{
 		ProbeHeader:     probeSecret,
 		Upstream:        up,
@@ -301,6 +307,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Timeout:         cfg.Timeout,
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		Ends:            &s.ends,
+		Structure:       s.structure,
 	})
 	if err != nil {
 		return nil, err

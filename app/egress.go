@@ -31,6 +31,7 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       cfg.IdleTimeout,
 		ProbeHeader:       probeSecret,
+		Structure:         s.structure,
 	})
 	if err != nil {
 		return err

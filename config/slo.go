@@ -58,6 +58,26 @@ type Objective struct {
 	// failures (the default, nil). false excludes them, and they are
 	// counted in tokentap_slo_excluded_total instead: never dropped.
 	CountCancelled *bool `yaml:"count_cancelled"`
+	// Structure "required" makes a request whose answer fails a
+	// structure check (tool-call arguments, JSON output: docs/slo.md,
+	// "Structure") not qualified, the checks named in its verdict's
+	// failed list. "" (the zero value) does not look at structure.
+	Structure string `yaml:"structure"`
+}
+
+// StructureRequired is the value of Objective.Structure that makes the
+// structure checks part of the SLO.
+const StructureRequired = "required"
+
+// StructureChecks reports whether some objective requires the
+// structure checks: only then does the proxy run them.
+func (c SLO) StructureChecks() bool {
+	for _, o := range c.Objectives {
+		if o.Structure == StructureRequired {
+			return true
+		}
+	}
+	return false
 }
 
 // Class is one request class: requests with a token count up to Max
@@ -178,6 +198,9 @@ func (c SLO) Validate() []error {
 		}
 		if t.Fluidity > 0 && (o.Fluidity.Deadline <= 0 || o.Fluidity.Cadence <= 0) {
 			bad("slo %s: thresholds.fluidity needs fluidity.deadline and fluidity.cadence", name)
+		}
+		if o.Structure != "" && o.Structure != StructureRequired {
+			bad("slo %s: structure must be %q or absent, got %q", name, StructureRequired, o.Structure)
 		}
 		if t.MinOutputTokens < 0 {
 			bad("slo %s: thresholds.min_output_tokens must not be negative", name)

@@ -47,6 +47,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/structure"
 )
 
 // Options configures a Proxy.
@@ -77,6 +78,9 @@ type Options struct {
 	// ProbeHeader is the secret that marks the sidecar's own probes
 	// (proxy.Options.ProbeHeader): forwarded, not recorded twice.
 	ProbeHeader string
+	// Structure checks the structure of answers (proxy.Options.Structure);
+	// nil checks nothing.
+	Structure *structure.Checker
 
 	// LookupIP resolves a destination's host name; nil means the
 	// system's resolver (net.DefaultResolver). Tests resolve their test
@@ -615,6 +619,7 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 		Target:          t.authority,
 		TargetRule:      t.rule,
 		Ends:            &p.ends,
+		Structure:       p.opts.Structure,
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/structure"
 )
 
 // Map is the one telemetry mapping: both backends (metrics.go, otlp.go)
@@ -36,6 +37,8 @@ const (
 	LTokenType                // gen_ai.token.type: input, output
 	LPhase                    // a connection phase: record.UpstreamPhases' names
 	LConnReused               // true, false
+	LResult                   // a structure check's result: pass, fail, unchecked
+	LCheck                    // a structure check that failed (structure.Checks)
 	numLabels
 )
 
@@ -49,11 +52,11 @@ type Labels [numLabels]string
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
 		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target",
-		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused"}
+		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused", "result", "check"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
 		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type",
-		"tokentap.upstream.phase", "tokentap.upstream.conn_reused"}
+		"tokentap.upstream.phase", "tokentap.upstream.conn_reused", "tokentap.structure.result", "tokentap.structure.check"}
 )
 
 // Instrument is one per-request metric.
@@ -94,6 +97,9 @@ const (
 	ClientTPOC
 	ClientTokenUsage
 	UpstreamPhase // the connection phases (docs/measurement.md §1)
+	StructureChecked
+	StructureFailures
+	SLOFastInvalid
 	numInstruments
 )
 
@@ -237,6 +243,13 @@ var specs = [numInstruments]Spec{
 	UpstreamPhase: {Prom: "tokentap_upstream_phase_seconds", OTel: "tokentap.upstream.phase", Unit: "s", Buckets: phaseBuckets,
 		Labels: []Label{LPhase, LConnReused, LTraffic, LProbe, LTarget},
 		Help:   "Connection phases of requests forwarded upstream, one observation per phase that happened: phase conn_wait (asking the transport for a connection to having one; a new connection's dns, connect and tls included), dns, connect, tls (a new connection's set-up), server (the request written to the response's first byte); conn_reused says whether the connection had carried a request before; target is egress's (empty behind the reverse proxy)."},
+	// The structure checks (docs/slo.md, "Structure"): names only.
+	StructureChecked: {Prom: "tokentap_structure_checks_total", OTel: "tokentap.structure.checks", Unit: "{request}", Counter: true, Labels: withExtra(LResult),
+		Help: "Answers whose structure was checked (the request declared tools or a JSON output, and an SLO requires structure), by result: pass, fail, unchecked (the request body was not read whole, several choices, or a schema that does not compile)."},
+	StructureFailures: {Prom: "tokentap_structure_failures_total", OTel: "tokentap.structure.failures", Unit: "{request}", Counter: true, Labels: withExtra(LCheck),
+		Help: "Answers that failed a structure check, by check: tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large. An answer failing two checks counts under both."},
+	SLOFastInvalid: {Prom: "tokentap_slo_fast_invalid_total", OTel: "tokentap.slo.fast_invalid", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
+		Help: "Offered requests that failed the SLO on structure checks alone: a success within every latency threshold whose answer does not hold as structure. Over tokentap_slo_requests_total: the share of fast but invalid answers."},
 }
 
 // BaseLabels are the labels fixed at a request's start: its key. The
@@ -324,8 +337,19 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 			l[LThreshold] = f
 			emit(SLOFailures, 1, &l)
 		}
+		if structure.FastInvalid(v.Failed) {
+			emit(SLOFastInvalid, 1, &l)
+		}
 		if v.Fluidity != nil {
 			emit(Fluidity, *v.Fluidity, &l)
+		}
+	}
+	if r.Structure != "" {
+		l[LResult] = r.Structure
+		emit(StructureChecked, 1, &l)
+		for _, c := range r.StructureFailed {
+			l[LCheck] = c
+			emit(StructureFailures, 1, &l)
 		}
 	}
 	if r.EnergySource != "" && r.EnergySource != "none" && r.OutputTokens > 0 {

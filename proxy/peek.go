@@ -29,6 +29,10 @@ type requestInfo struct {
 	// ReadPartial or ReadUnparsed. The fields above were then read best
 	// effort, and the response decides Stream (modifyResponse).
 	Read string
+	// Declared is what the body declares for the structure checks (its
+	// tools, a JSON output), read only when they are on (peek's declare)
+	// and the body was read whole; its schemas alias the body.
+	Declared stream.Declared
 }
 
 // The values of requestInfo.Read and record.Record.RequestRead.
@@ -92,6 +96,9 @@ var peekKeys = func() []string {
 		}
 		add(rq.Sampling)
 		for _, k := range rq.SamplingNames() {
+			add(k)
+		}
+		for _, k := range rq.DeclareKeys {
 			add(k)
 		}
 	}
@@ -241,7 +248,10 @@ func readFields(buf []byte, f *bodyFields) int {
 // decoded the body into a map and encoded it again: 4.9 MB allocated for
 // a 1 MB body, about 8 MB of RSS per request in flight; now 1.0 MB;
 // TestPrepareBytesPer1MBRequest, docs/performance.md).
-func peek(body io.ReadCloser, api record.API, path string, limit int, size int64) (requestInfo, []byte, io.ReadCloser, error) {
+//
+// declare: the structure checks are on; the body's declared tools and
+// JSON output are read (requestInfo.Declared) when it is read whole.
+func peek(body io.ReadCloser, api record.API, path string, limit int, size int64, declare bool) (requestInfo, []byte, io.ReadCloser, error) {
 	var none bodyFields
 	if body == nil || body == http.NoBody {
 		return none.info(api, true, path), nil, body, nil
@@ -263,7 +273,11 @@ func peek(body io.ReadCloser, api record.API, path string, limit int, size int64
 			in.Read = ReadUnparsed
 			return in, buf, rest, nil
 		}
-		return f.info(api, true, path), buf, rest, nil
+		in := f.info(api, true, path)
+		if a := stream.LookupAPI(string(api)); declare && a != nil && a.Request.Declares != nil {
+			in.Declared = a.Request.Declares(f.raw)
+		}
+		return in, buf, rest, nil
 	}
 	rest := struct {
 		io.Reader

@@ -26,6 +26,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
+	"github.com/tokentap/tokentap/structure"
 )
 
 // Options configures a Proxy.
@@ -95,6 +96,10 @@ type Options struct {
 	// runs them before ServeHTTP returns (the canary probe reads its
 	// check's result then).
 	Ends *Ends
+	// Structure, if set, checks the structure of the answers to requests
+	// that declare tools or a JSON output (docs/slo.md, "Structure"):
+	// record.Record.Structure. Nil checks nothing and keeps nothing.
+	Structure *structure.Checker
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -342,7 +347,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		rewritten *splicedBody
 	)
 	if api != record.APIOther {
-		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength)
+		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength, p.opts.Structure != nil)
 		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
@@ -526,6 +531,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		resp.Header.Del("Content-Length")
 	}
 	st.tap = newTap(resp.Body, st, kind, format, strip, p.opts.MaxParseBytes)
+	if resp.StatusCode < 300 && kind != bodyOpaque {
+		st.tap.col = p.opts.Structure.Collector(&st.info.Declared)
+	}
 	if api != record.APIOther && resp.StatusCode < 300 {
 		engineHeaders(resp.Header, st.rec, st.tap)
 	}
@@ -615,6 +623,7 @@ func (p *Proxy) finish(st *reqState) []byte {
 		p.outcome(st, t, now)
 	}
 	p.tokens(st)
+	p.checkStructure(st)
 	if t != nil {
 		return t.captured
 	}

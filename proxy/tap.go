@@ -104,6 +104,9 @@ type tap struct {
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
 	perEventAll bool
 	ch          choiceTrack // the response's choices (choices.go)
+	// col collects the answer text and tool calls for the structure
+	// checks (proxy/structure.go); nil when none applies.
+	col *stream.Collector
 }
 
 type queued struct {
@@ -308,7 +311,7 @@ func (t *tap) handle(ev *stream.Event, at time.Time) {
 		return // comments, keep-alives; anything after the terminal event
 	}
 	c := &t.chunk
-	stream.Parse(t.format, ev.Data, c)
+	stream.ParseCollect(t.format, ev.Data, c, t.col)
 	t.apply(c, at)
 	if t.needModel {
 		t.modelFromResponse()
@@ -375,6 +378,9 @@ func (t *tap) apply(c *stream.Chunk, at time.Time) {
 	}
 	if c.Engine.Known != 0 {
 		mergeEngine(&rec.Engine, c.Engine)
+	}
+	if t.col != nil && (c.ChoicesData != nil || c.Index != 0) {
+		t.col.SetMulti()
 	}
 	if c.ChoicesData != nil { // several choices in one payload: each its own
 		t.eachChoice(c, at)
@@ -484,7 +490,7 @@ func (t *tap) Close() error {
 		if !t.failed && t.kind == bodyJSON && t.eof && !t.wholeOver && len(t.whole) > 0 {
 			func() {
 				defer t.recoverTap()
-				stream.Parse(t.format, t.whole, &t.chunk)
+				stream.ParseCollect(t.format, t.whole, &t.chunk, t.col)
 				if t.chunk.Malformed {
 					t.st.rec.Malformed = true
 					return

@@ -54,6 +54,13 @@ var members = func() []member {
 		{name: "oversized_events", omit: func(r *Record) bool { return r.OversizedEvents <= 0 },
 			value: integer(func(r *Record) int64 { return int64(r.OversizedEvents) })},
 		{name: "request_read", omit: func(r *Record) bool { return r.RequestRead == "" }, value: str(func(r *Record) string { return r.RequestRead })},
+		{name: "structure", omit: func(r *Record) bool { return r.Structure == "" }, value: str(func(r *Record) string { return r.Structure })},
+		{name: "structure_failed", omit: func(r *Record) bool { return len(r.StructureFailed) == 0 }, value: func(b []byte, r *Record) []byte {
+			enc, _ := json.Marshal(r.StructureFailed)
+			return append(b, enc...)
+		}},
+		{name: "structure_unchecked", omit: func(r *Record) bool { return r.StructureUnchecked == "" },
+			value: str(func(r *Record) string { return r.StructureUnchecked })},
 		{name: "response_id", omit: func(r *Record) bool { return r.ResponseID == "" }, value: str(func(r *Record) string { return r.ResponseID })},
 	}
 	for _, f := range engineFields {

@@ -145,6 +145,13 @@ type Record struct {
 	// object); its fields were then read best effort, and stream decided
 	// from the response. "" when it was read whole.
 	RequestRead string
+	// Structure is the structure check of the answer (docs/slo.md,
+	// "Structure"): "pass", "fail" (StructureFailed names the checks
+	// that failed), "unchecked" (StructureUnchecked says why), or "" when
+	// none applied. Only these names are kept, never the content.
+	Structure          string
+	StructureFailed    []string
+	StructureUnchecked string
 
 	Arrive           time.Time // request headers read: the zero of every offset
 	UpstreamSent     time.Time

@@ -127,6 +127,7 @@ type Window struct{ w sliding[verdictCounts] }
 type verdictCounts struct {
 	offered, qualified int64
 	tokens             int64
+	fastInvalid        int64 // failed on structure checks alone (FastInvalid)
 	failures           map[string]int64
 }
 
@@ -144,6 +145,9 @@ func (w *Window) Add(now time.Time, v record.Verdict, qualifiedTokens int64) {
 		if v.Qualified {
 			s.qualified++
 			s.tokens += qualifiedTokens
+		}
+		if FastInvalid(&v) {
+			s.fastInvalid++
 		}
 		for _, f := range v.Failed {
 			if s.failures == nil {
@@ -167,4 +171,13 @@ func (w *Window) Totals(now time.Time) (offered, qualified, tokens int64, failur
 		}
 	})
 	return offered, qualified, tokens, failures, span
+}
+
+// FastInvalid is the number of verdicts within the window ending at now
+// that failed on structure checks alone (FastInvalid): fast answers that
+// do not hold.
+func (w *Window) FastInvalid(now time.Time) int64 {
+	var n int64
+	w.w.sum(now, func(s *verdictCounts) { n += s.fastInvalid })
+	return n
 }

@@ -24,6 +24,12 @@ type Status struct {
 	GoodputRequestsRate float64  `json:"goodput_requests_per_second"`
 	GoodputTokensRate   float64  `json:"goodput_tokens_per_second"`
 	TopFailures         []Reason `json:"top_failures"`
+	// FastInvalid counts the verdicts that failed on structure checks
+	// alone (slo.FastInvalid): answers on time that do not hold as
+	// structure; FastInvalidShare is their share of Offered (null with
+	// no requests).
+	FastInvalid      int64    `json:"fast_invalid"`
+	FastInvalidShare *float64 `json:"fast_invalid_share"`
 	// Scorecard: cost, energy, latency tail and knee over the same
 	// window (scorecard.go); null when served without one.
 	Scorecard *Card `json:"scorecard,omitempty"`
@@ -54,6 +60,9 @@ func (b *Book) Status(now time.Time) Page {
 		if off > 0 {
 			a := float64(qual) / float64(off)
 			s.Attainment = &a
+			s.FastInvalid = b.windows[i].FastInvalid(now)
+			fi := float64(s.FastInvalid) / float64(off)
+			s.FastInvalidShare = &fi
 		}
 		switch {
 		case off > 0 && s.AttainmentLower95 >= o.Target:
@@ -89,10 +98,11 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap SLOs</title>
 <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#eee}.met{color:#070}.missed{color:#b00}</style></head><body>
 <h1>SLO attainment: this instance's view</h1><p>{{.Scope}}. Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
-<table><tr><th>SLO</th><th>target</th><th>window</th><th>offered</th><th>qualified</th><th>attainment</th><th>95% bounds</th><th>verdict</th><th>goodput req/s</th><th>goodput tok/s</th><th>top failures</th></tr>
+<table><tr><th>SLO</th><th>target</th><th>window</th><th>offered</th><th>qualified</th><th>attainment</th><th>95% bounds</th><th>verdict</th><th>goodput req/s</th><th>goodput tok/s</th><th>fast but invalid</th><th>top failures</th></tr>
 {{range .SLOs}}<tr><td style="text-align:left">{{.Name}}</td><td>{{pct .Target}}</td><td>{{num .WindowSeconds}} s</td><td>{{.Offered}}</td><td>{{.Qualified}}</td>
 <td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>
 <td class="{{.Verdict}}">{{.Verdict}}</td><td>{{num .GoodputRequestsRate}}</td><td>{{num .GoodputTokensRate}}</td>
+<td>{{if .FastInvalidShare}}{{.FastInvalid}} ({{pct (deref .FastInvalidShare)}}){{else}}–{{end}}</td>
 <td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>
 <p>met: the 95% lower bound is at or above target; missed: the 95% upper bound is below target; not_proven: the evidence does not decide.</p>
 {{template "scorecards" .}}</body></html>`))

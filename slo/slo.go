@@ -10,6 +10,7 @@ import (
 
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/structure"
 )
 
 // Threshold names, a bounded set used as the "threshold" label. The
@@ -135,6 +136,27 @@ func evaluate(o *Objective, r *record.Record, promptClass, outputClass string) (
 			v.Failed = append(v.Failed, OutputTokens)
 		}
 	}
+	if o.Structure == config.StructureRequired {
+		switch r.Structure {
+		case "fail":
+			v.Failed = append(v.Failed, r.StructureFailed...)
+		case "unchecked":
+			v.NotApplicable = append(v.NotApplicable, Structure)
+		}
+	}
 	v.Qualified = len(v.Failed) == 0
 	return v, true
+}
+
+// Structure names the structure checks in a verdict's not_applicable
+// list when the answer could not be checked (record.Record.Structure
+// "unchecked"); the checks that failed are named by their own names
+// (package structure) in its failed list.
+const Structure = "structure"
+
+// FastInvalid reports whether a verdict failed on structure checks
+// alone (structure.FastInvalid): a success on time whose answer does not
+// hold (docs/slo.md, "Structure").
+func FastInvalid(v *record.Verdict) bool {
+	return !v.Qualified && !v.Excluded && structure.FastInvalid(v.Failed)
 }

@@ -15,7 +15,7 @@ import (
 // answers (canary probes, content capture), not for the hot path: it
 // allocates.
 func AnswerTextOf(f Format, body []byte, streamed bool) string {
-	var t answerText
+	var t Collector
 	var c Chunk
 	lines := f.lines && bytes.HasPrefix(trimWS(body), []byte("{"))
 	ff := f
@@ -44,15 +44,38 @@ func AnswerTextOf(f Format, body []byte, streamed bool) string {
 	return string(t.buf)
 }
 
-// answerText is the sink a parser writes a payload's answer text to when
-// asked (AnswerTextOf); the hot path passes nil and pays one nil check
-// where a payload holds answer text.
-type answerText struct{ buf []byte }
+// Collector is the sink a parser writes a payload's answer text, and
+// its tool calls, to when asked: AnswerTextOf, and the structure checks
+// (NewCollector, docs/slo.md "Structure"). The hot path passes nil and
+// pays one nil check where a payload holds answer text or a tool call.
+// The zero value collects the answer text only, unbounded, decoded as
+// encoding/json does (AnswerTextOf).
+type Collector struct {
+	buf []byte
+	// check: collecting for the structure checks (NewCollector): strings
+	// are unescaped without allocating, everything held is bounded by
+	// max, and the tool calls are assembled.
+	check bool
+	text  bool // collect the answer text (a JSON output was asked for)
+	max   int  // bytes held at most, text and arguments together
+	held  int
+	over  bool
+	calls []ToolCall
+	n     int // calls in use: calls[n:] keep their buffers for reuse
+	multi bool
+}
 
 // add appends the JSON string value v, unescaped as encoding/json does
 // (invalid UTF-8 becomes U+FFFD); a value that is not a string adds
-// nothing.
-func (t *answerText) add(v []byte) {
+// nothing. For a structure check it appends only when the answer text is
+// wanted, unescaped without allocating, within the bound.
+func (t *Collector) add(v []byte) {
+	if t.check {
+		if t.text {
+			t.buf = t.appendStr(t.buf, v)
+		}
+		return
+	}
 	var s string
 	if json.Unmarshal(v, &s) == nil {
 		t.buf = append(t.buf, s...)

@@ -26,7 +26,7 @@ type WireFormat struct {
 	// body) into a Chunk without allocating: the hot path, where t is
 	// nil. Given a t, it also writes the payload's answer text to it
 	// (AnswerTextOf).
-	parse func(data []byte, c *Chunk, t *answerText)
+	parse func(data []byte, c *Chunk, t *Collector)
 	// lines: a streamed body whose first byte is '{' is NDJSON (Ollama);
 	// otherwise SSE.
 	lines bool
@@ -193,6 +193,12 @@ type Request struct {
 	// the sidecar may add. The other formats report their counts unasked
 	// or not at all.
 	UsageOption bool
+	// Declares reads what the body declares for the structure checks
+	// (its tools, a JSON output: Declared) from the top-level members
+	// named in DeclareKeys, which member returns (nil: absent); nil: the
+	// API declares neither, and no check applies to it.
+	Declares    func(member func(key string) []byte) Declared
+	DeclareKeys []string
 }
 
 // SamplingNames are the names of temperature, top_p and seed in the
@@ -251,8 +257,9 @@ var openAIMaxTokens = []string{"max_completion_tokens", "max_tokens"}
 // The APIs.
 var (
 	APIChat = &API{Name: NameChat, Format: FormatOpenAI, Operation: OpChat,
-		Routes:     []Route{{Path: "/chat/completions"}},
-		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true},
+		Routes: []Route{{Path: "/chat/completions"}},
+		Request: Request{MaxTokens: openAIMaxTokens, UsageOption: true,
+			Declares: declaresOpenAI, DeclareKeys: []string{"tools", "response_format"}},
 		Probe:      openAIProbe("/v1/chat/completions", true),
 		SpanRoutes: []string{"/v1/chat/completions", "/chat/completions"},
 		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"}}
@@ -263,25 +270,27 @@ var (
 		SpanRoutes: []string{"/v1/completions", "/completions"}}
 	APIResponses = &API{Name: NameResponses, Format: FormatResponses, Operation: OpChat,
 		Routes:  []Route{{Path: "/v1/responses"}, {Path: "/responses", Exact: true}},
-		Request: Request{MaxTokens: []string{"max_output_tokens"}},
+		Request: Request{MaxTokens: []string{"max_output_tokens"}, Declares: declaresResponses, DeclareKeys: []string{"tools", "text"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/responses", map[string]any{"model": p.Model, "input": p.Prompt, "max_output_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		}}
 	APIMessages = &API{Name: NameMessages, Format: FormatMessages, Operation: OpChat,
 		Routes:  []Route{{Path: "/v1/messages"}, {Path: "/messages", Exact: true}},
-		Request: Request{MaxTokens: openAIMaxTokens},
+		Request: Request{MaxTokens: openAIMaxTokens, Declares: declaresMessages, DeclareKeys: []string{"tools"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/messages", map[string]any{"model": p.Model, "messages": chatMessages(p.Prompt), "max_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		},
 		Hosts: []string{"api.anthropic.com"}}
 	APIOllamaChat = &API{Name: NameOllamaChat, Format: FormatOllama, Operation: OpChat,
-		Routes:  []Route{{Path: "/api/chat"}},
-		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options"},
-		Probe:   ollamaProbe("/api/chat", true)}
+		Routes: []Route{{Path: "/api/chat"}},
+		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
+			Declares: declaresOllama, DeclareKeys: []string{"tools", "format"}},
+		Probe: ollamaProbe("/api/chat", true)}
 	APIOllamaGenerate = &API{Name: NameOllamaGenerate, Format: FormatOllama, Operation: OpTextCompletion,
-		Routes:  []Route{{Path: "/api/generate"}},
-		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options"},
-		Probe:   ollamaProbe("/api/generate", false)}
+		Routes: []Route{{Path: "/api/generate"}},
+		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
+			Declares: declaresOllama, DeclareKeys: []string{"format"}},
+		Probe: ollamaProbe("/api/generate", false)}
 	// APITGIGenerate: /generate is TGI's native route only on TGI (SGLang
 	// has another /generate).
 	APITGIGenerate = &API{Name: NameTGIGenerate, Format: FormatTGI, Operation: OpTextCompletion, Engine: EngineTGI,

@@ -28,7 +28,8 @@ var FormatGemini = &WireFormat{name: NameGemini, parse: parseGemini}
 var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
 	Routes: []Route{{Path: ":streamGenerateContent"}, {Path: ":generateContent"}},
 	Request: Request{StreamRoute: ":streamGenerateContent", MaxTokens: []string{"generationConfig.maxOutputTokens"},
-		Sampling: "generationConfig", SamplingKeys: [3]string{"temperature", "topP", "seed"}, ModelFromPath: geminiModel},
+		Sampling: "generationConfig", SamplingKeys: [3]string{"temperature", "topP", "seed"}, ModelFromPath: geminiModel,
+		Declares: declaresGemini, DeclareKeys: []string{"tools", "generationConfig"}},
 	Probe: func(p ProbeParams) (string, map[string]any) {
 		path := "/v1beta/models/" + strings.TrimPrefix(p.Model, "models/") + ":generateContent"
 		if p.Stream {
@@ -66,7 +67,7 @@ func ParseGemini(data []byte, c *Chunk) { parseGemini(data, c, nil) }
 
 // parseGemini is ParseGemini, writing to t (when not nil) the answer
 // text: the text of every candidate's parts that are not thoughts.
-func parseGemini(data []byte, c *Chunk, t *answerText) {
+func parseGemini(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	var ok bool
@@ -87,7 +88,7 @@ func parseGemini(data []byte, c *Chunk, t *answerText) {
 // geminiObject folds one GenerateContentResponse (or error object) into
 // c (its answer text into t when not nil); false when v is not an
 // object.
-func geminiObject(v []byte, c *Chunk, t *answerText) bool {
+func geminiObject(v []byte, c *Chunk, t *Collector) bool {
 	var block []byte
 	ok := eachMember(v, func(k, v []byte) bool {
 		switch string(k) {
@@ -136,9 +137,9 @@ func geminiObject(v []byte, c *Chunk, t *answerText) bool {
 	return ok
 }
 
-func geminiPart(p []byte, c *Chunk, t *answerText) {
+func geminiPart(p []byte, c *Chunk, t *Collector) {
 	var text, thought, call bool
-	var textv []byte
+	var textv, fcall []byte
 	eachMember(p, func(k, v []byte) bool {
 		switch string(k) {
 		case "text":
@@ -148,11 +149,25 @@ func geminiPart(p []byte, c *Chunk, t *answerText) {
 			thought = boolVal(v)
 		case "functionCall":
 			call = isObject(v)
+			fcall = v
 		}
 		return true
 	})
 	if t != nil && !thought {
 		t.add(textv)
+	}
+	if t != nil && call { // a whole call in each part: {name, args}
+		var name, args []byte
+		eachMember(fcall, func(k, v []byte) bool {
+			switch string(k) {
+			case "name":
+				name = v
+			case "args":
+				args = v
+			}
+			return true
+		})
+		t.callArgs(t.callName(-1, name), args, false)
 	}
 	switch {
 	case text && thought:

@@ -40,16 +40,18 @@ func ParseMessages(data []byte, c *Chunk) { parseMessages(data, c, nil) }
 // parseMessages is ParseMessages, writing to t (when not nil) the answer
 // text: the text of the text_delta deltas, or of a whole message's text
 // blocks (not the thinking, nor the tool input).
-func parseMessages(data []byte, c *Chunk, t *answerText) {
+func parseMessages(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
 		c.Done = true
 		return
 	}
-	var typ, message, block, delta, usage, errv, id, model, stop, content []byte
+	var typ, message, block, delta, usage, errv, id, model, stop, content, index []byte
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
+		case "index":
+			index = v
 		case "type":
 			typ, _ = strVal(v)
 		case "message":
@@ -91,8 +93,13 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 			return true
 		})
 	case "content_block_start":
+		var btyp, name []byte
 		eachMember(block, func(k, v []byte) bool {
 			switch string(k) {
+			case "type":
+				btyp = v
+			case "name":
+				name = v
 			case "text":
 				c.Output = c.Output || nonEmptyStr(v)
 			case "thinking":
@@ -100,8 +107,12 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 			}
 			return true
 		})
+		if t != nil && string(btyp) == `"tool_use"` {
+			i, _ := intVal(index)
+			t.callName(i, name) // its input is {}: the input_json_delta deltas follow
+		}
 	case "content_block_delta":
-		var dtyp, text []byte
+		var dtyp, text, partial []byte
 		eachMember(delta, func(k, v []byte) bool {
 			switch string(k) {
 			case "text":
@@ -109,6 +120,7 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 				text = v
 			case "partial_json":
 				c.Output = c.Output || nonEmptyStr(v)
+				partial = v
 			case "thinking":
 				c.Reasoning = c.Reasoning || nonEmptyStr(v)
 			case "type":
@@ -118,6 +130,10 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 		})
 		if t != nil && string(dtyp) == `"text_delta"` {
 			t.add(text)
+		}
+		if t != nil && string(dtyp) == `"input_json_delta"` {
+			i, _ := intVal(index)
+			t.callArgs(i, partial, true)
 		}
 	case "message_delta":
 		eachMember(delta, func(k, v []byte) bool {
@@ -145,18 +161,25 @@ func parseMessages(data []byte, c *Chunk, t *answerText) {
 		c.Done = true
 		if t != nil {
 			eachElement(content, func(b []byte) bool {
-				var btyp, text []byte
+				var btyp, text, name, input []byte
 				eachMember(b, func(k, v []byte) bool {
 					switch string(k) {
 					case "type":
 						btyp = v
 					case "text":
 						text = v
+					case "name":
+						name = v
+					case "input":
+						input = v
 					}
 					return true
 				})
-				if string(btyp) == `"text"` {
+				switch string(btyp) {
+				case `"text"`:
 					t.add(text)
+				case `"tool_use"`:
+					t.callArgs(t.callName(-1, name), input, false)
 				}
 				return true
 			})

@@ -26,7 +26,7 @@ func ParseOllama(data []byte, c *Chunk) { parseOllama(data, c, nil) }
 
 // parseOllama is ParseOllama, writing to t (when not nil) the answer
 // text: message.content and response (not the thinking).
-func parseOllama(data []byte, c *Chunk, t *answerText) {
+func parseOllama(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -88,7 +88,7 @@ func parseOllama(data []byte, c *Chunk, t *answerText) {
 // usageOllama: Metrics, at the top level of a payload.
 var usageOllama = Usage{Input: []string{"prompt_eval_count"}, Output: []string{"eval_count"}}
 
-func ollamaContent(k, v []byte, c *Chunk, t *answerText) {
+func ollamaContent(k, v []byte, c *Chunk, t *Collector) {
 	switch string(k) {
 	case "content", "response":
 		c.Output = c.Output || nonEmptyStr(v)
@@ -99,6 +99,27 @@ func ollamaContent(k, v []byte, c *Chunk, t *answerText) {
 		c.Reasoning = c.Reasoning || nonEmptyStr(v)
 	case "tool_calls":
 		c.Output = c.Output || countElements(v) > 0
+		if t != nil { // whole calls: {function: {name, arguments: {...}}}
+			eachElement(v, func(call []byte) bool {
+				var name, args []byte
+				eachMember(call, func(k, v []byte) bool {
+					if string(k) == "function" {
+						eachMember(v, func(k, v []byte) bool {
+							switch string(k) {
+							case "name":
+								name = v
+							case "arguments":
+								args = v
+							}
+							return true
+						})
+					}
+					return true
+				})
+				t.callArgs(t.callName(-1, name), args, false)
+				return true
+			})
+		}
 	}
 }
 
@@ -126,7 +147,7 @@ func ParseTGI(data []byte, c *Chunk) { parseTGI(data, c, nil) }
 // parseTGI is ParseTGI, writing to t (when not nil) the answer text: the
 // text of a token that is not special, or the generated_text of a whole
 // /generate body (an event with a token object repeats it).
-func parseTGI(data []byte, c *Chunk, t *answerText) {
+func parseTGI(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -188,7 +209,7 @@ var usageTGI = Usage{Input: []string{"input_length"}, Output: []string{"generate
 
 // tgiText writes the answer text of a TGI payload to t: its token's text
 // unless the token is special, else the generated_text of a whole body.
-func tgiText(token, generated []byte, t *answerText) {
+func tgiText(token, generated []byte, t *Collector) {
 	if token == nil {
 		t.add(generated)
 		return
@@ -234,7 +255,7 @@ func ParseLlamaCpp(data []byte, c *Chunk) { parseLlamaCpp(data, c, nil) }
 
 // parseLlamaCpp is ParseLlamaCpp, writing to t (when not nil) the answer
 // text: content.
-func parseLlamaCpp(data []byte, c *Chunk, t *answerText) {
+func parseLlamaCpp(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {

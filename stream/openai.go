@@ -112,7 +112,7 @@ func ParseOpenAI(data []byte, c *Chunk) { parseOpenAI(data, c, nil) }
 // parseOpenAI is ParseOpenAI, writing to t (when not nil) the answer
 // text: each choice's delta.content, message.content and legacy text
 // (not its reasoning nor its refusal).
-func parseOpenAI(data []byte, c *Chunk, t *answerText) {
+func parseOpenAI(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
@@ -248,7 +248,7 @@ func EachChoice(choices []byte, c *Chunk, fn func(c *Chunk)) {
 // malformed). A choice that is not an object is skipped. The choice's
 // "index" is read into c.Index for the first choice of the payload only
 // (c.Choices == 1).
-func parseChoiceAt(b []byte, i int, c *Chunk, t *answerText) int {
+func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 	if b[i] != '{' {
 		return skipValue(b, i)
 	}
@@ -291,11 +291,19 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *answerText) int {
 					n, e := countAt(b, v)
 					if n > 0 {
 						c.Output = true
+						if t != nil && e >= 0 {
+							openAIToolCalls(b[v:e], t)
+						}
 					}
 					return e
 				case "function_call":
 					if b[v] == '{' {
 						c.Output = true
+						e := skipValue(b, v)
+						if t != nil && e >= 0 {
+							openAIToolCall(b[v:e], t)
+						}
+						return e
 					}
 				}
 				return skipValue(b, v)
@@ -342,6 +350,47 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *answerText) int {
 		}
 		return skipValue(b, v)
 	})
+}
+
+// openAIToolCalls assembles the elements of a tool_calls array (a
+// delta's or a whole message's) into t: each
+// {index, id, function: {name, arguments}}, the arguments a string that
+// the deltas of the call with that index continue.
+func openAIToolCalls(v []byte, t *Collector) {
+	eachElement(v, func(call []byte) bool {
+		openAIToolCall(call, t)
+		return true
+	})
+}
+
+// openAIToolCall assembles one tool call (or a legacy function_call,
+// which has no index: the first call) into t.
+func openAIToolCall(call []byte, t *Collector) {
+	var index int64
+	var name, args []byte
+	eachMember(call, func(k, v []byte) bool {
+		switch string(k) {
+		case "index":
+			index, _ = intVal(v)
+		case "function":
+			eachMember(v, func(k, v []byte) bool {
+				switch string(k) {
+				case "name":
+					name = v
+				case "arguments":
+					args = v
+				}
+				return true
+			})
+		case "name": // function_call
+			name = v
+		case "arguments":
+			args = v
+		}
+		return true
+	})
+	t.callName(index, name)
+	t.callArgs(index, args, true)
 }
 
 // usageOpenAI: CompletionUsage (completion_tokens includes the

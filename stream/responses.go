@@ -43,16 +43,20 @@ func ParseResponses(data []byte, c *Chunk) { parseResponses(data, c, nil) }
 // answer text: the response.output_text.delta deltas, or a whole
 // response's output_text parts of its message items (not the refusals
 // nor the reasoning).
-func parseResponses(data []byte, c *Chunk, t *answerText) {
+func parseResponses(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
 	if bytes.Equal(d, doneMarker) {
 		c.Done = true
 		return
 	}
-	var typ, object, delta, logprobs, resp, errv, code []byte
+	var typ, object, delta, logprobs, resp, errv, code, item, outIndex []byte
 	ok := eachMember(d, func(k, v []byte) bool {
 		switch string(k) {
+		case "item":
+			item = v
+		case "output_index":
+			outIndex = v
 		case "type":
 			typ, _ = strVal(v)
 		case "object":
@@ -85,7 +89,18 @@ func parseResponses(data []byte, c *Chunk, t *answerText) {
 				c.Tokens, c.TokensFrom = int64(n), SourceLogprobs
 			}
 		}
-	case "response.refusal.delta", "response.function_call_arguments.delta",
+	case "response.function_call_arguments.delta":
+		c.Output = nonEmptyStr(delta)
+		if t != nil {
+			i, _ := intVal(outIndex)
+			t.callArgs(i, delta, true)
+		}
+	case "response.output_item.added":
+		if t != nil {
+			i, _ := intVal(outIndex)
+			responsesCall(item, i, t)
+		}
+	case "response.refusal.delta",
 		"response.custom_tool_call_input.delta", "response.code_interpreter_call_code.delta",
 		"response.mcp_call_arguments.delta", "response.audio.transcript.delta":
 		c.Output = nonEmptyStr(delta)
@@ -147,7 +162,7 @@ func parseResponses(data []byte, c *Chunk, t *answerText) {
 // parseResponseObject reads a Responses API response object: id, model,
 // usage, error, and the answer text of its output into t when t is not
 // nil; it returns its status and incomplete_details.reason.
-func parseResponseObject(v []byte, c *Chunk, t *answerText) (status, reason []byte) {
+func parseResponseObject(v []byte, c *Chunk, t *Collector) (status, reason []byte) {
 	eachMember(v, func(k, v []byte) bool {
 		switch string(k) {
 		case "output":
@@ -186,7 +201,7 @@ func parseResponseObject(v []byte, c *Chunk, t *answerText) (status, reason []by
 
 // responseOutputText writes the text of the output_text parts of the
 // message items of a response's output to t.
-func responseOutputText(output []byte, t *answerText) {
+func responseOutputText(output []byte, t *Collector) {
 	eachElement(output, func(item []byte) bool {
 		var typ, content []byte
 		eachMember(item, func(k, v []byte) bool {
@@ -198,6 +213,10 @@ func responseOutputText(output []byte, t *answerText) {
 			}
 			return true
 		})
+		if string(typ) == "function_call" {
+			responsesCall(item, -1, t)
+			return true
+		}
 		if string(typ) != "message" {
 			return true
 		}
@@ -225,5 +244,29 @@ func responseOutputText(output []byte, t *answerText) {
 // output_tokens_details.reasoning_tokens).
 var usageResponses = Usage{Input: []string{"input_tokens"}, Cached: []string{"input_tokens_details.cached_tokens"},
 	Output: []string{"output_tokens"}}
+
+// responsesCall begins a function_call output item (its name, and its
+// arguments when the item carries them: a whole response's do, a
+// stream's output_item.added has them empty) under the key i, the
+// item's output_index (-1: a new call).
+func responsesCall(item []byte, i int64, t *Collector) {
+	var typ, name, args []byte
+	eachMember(item, func(k, v []byte) bool {
+		switch string(k) {
+		case "type":
+			typ, _ = strVal(v)
+		case "name":
+			name = v
+		case "arguments":
+			args = v
+		}
+		return true
+	})
+	if string(typ) != "function_call" {
+		return
+	}
+	i = t.callName(i, name)
+	t.callArgs(i, args, true)
+}
 
 func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }

@@ -1,0 +1,447 @@
+package stream
+
+import (
+	"sync"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// This file is what the structure checks read of a response (docs/slo.md,
+// "Structure"): each API's parser, given a Collector, writes the answer
+// text and assembles its tool calls (OpenAI chat's
+// tool_calls[].function.arguments deltas, Responses'
+// function_call_arguments.delta, Anthropic's input_json_delta, Gemini's
+// functionCall.args, Ollama's tool_calls) by the call's index, in memory
+// and bounded. It is asked for only when the request declared tools or a
+// JSON output and an SLO requires the checks; otherwise the parsers get
+// nil and nothing is kept. The collected content is never written
+// anywhere: the checks (package structure) read it and the Collector
+// goes back to its pool.
+
+// ToolCall is one tool call a response made: its name and its arguments
+// (the JSON text, assembled from the deltas), unescaped.
+type ToolCall struct {
+	key  int64
+	Name []byte
+	Args []byte
+}
+
+// MaxCalls bounds the tool calls one response's Collector keeps; past it
+// the Collector is Over.
+const MaxCalls = 64
+
+var collectors = sync.Pool{New: func() any { return new(Collector) }}
+
+// maxPooled is the largest buffer a Collector keeps when it goes back to
+// its pool: one that grew past it (a large answer) is dropped, so the
+// pool holds no more than a few of these per processor.
+const maxPooled = 64 << 10
+
+// NewCollector returns an empty Collector for a structure check, from a
+// pool: it keeps at most max bytes of answer text and tool arguments
+// together (past that it is Over and keeps nothing more), and the answer
+// text only when text is true. Release it when done.
+func NewCollector(max int, text bool) *Collector {
+	t := collectors.Get().(*Collector)
+	t.check, t.text, t.max = true, text, max
+	return t
+}
+
+// Release empties t and returns it to the pool; t must not be used
+// after.
+func (t *Collector) Release() {
+	t.buf, t.held, t.over, t.n, t.multi = t.buf[:0], 0, false, 0, false
+	if cap(t.buf) > maxPooled {
+		t.buf = nil
+	}
+	for i := range t.calls {
+		c := &t.calls[i]
+		c.Name, c.Args = c.Name[:0], c.Args[:0]
+		if cap(c.Args) > maxPooled {
+			c.Args = nil
+		}
+	}
+	collectors.Put(t)
+}
+
+// Text is the answer text collected (when asked for).
+func (t *Collector) Text() []byte { return t.buf }
+
+// Calls are the tool calls collected, in the order they began.
+func (t *Collector) Calls() []ToolCall { return t.calls[:t.n] }
+
+// Over reports whether the bound was hit: something was not kept.
+func (t *Collector) Over() bool { return t.over }
+
+// SetOver marks t as Over: the tap lost content it could not read (an
+// event over the framer's bound, a whole body over its bound).
+func (t *Collector) SetOver() { t.over = true }
+
+// Multi reports whether the response carried more than one choice: its
+// calls and text are not told apart by choice, so the checks do not read
+// them.
+func (t *Collector) Multi() bool { return t.multi }
+
+// SetMulti marks t as carrying several choices.
+func (t *Collector) SetMulti() { t.multi = true }
+
+// call returns the call with key, a new one when there is none (nil when
+// over MaxCalls). A key < 0 always begins a new call.
+func (t *Collector) call(key int64) *ToolCall {
+	if key >= 0 {
+		for i := t.n - 1; i >= 0; i-- {
+			if t.calls[i].key == key {
+				return &t.calls[i]
+			}
+		}
+	}
+	if t.n == MaxCalls {
+		t.over = true
+		return nil
+	}
+	if t.n == len(t.calls) {
+		t.calls = append(t.calls, ToolCall{})
+	}
+	c := &t.calls[t.n]
+	t.n++
+	c.key = key
+	if key < 0 {
+		c.key = -int64(t.n)
+	}
+	return c
+}
+
+// callName sets the name of the call with key (a JSON string value; a
+// call keyed < 0 is a new one) and returns the call's key.
+func (t *Collector) callName(key int64, name []byte) int64 {
+	if !t.check {
+		return key
+	}
+	c := t.call(key)
+	if c == nil {
+		return key
+	}
+	if s, ok := strVal(name); ok && len(s) > 0 && len(c.Name) == 0 {
+		if len(s) > 256 {
+			s = s[:256] // a tool name is short; a longer one is not declared anyway
+		}
+		c.Name = appendUnescaped(c.Name, s)
+	}
+	return c.key
+}
+
+// callArgs appends an arguments fragment to the call with key: a JSON
+// string value (a delta of the arguments' text) when str, else a raw JSON
+// value (Gemini's and Ollama's arguments object), copied as it is.
+func (t *Collector) callArgs(key int64, v []byte, str bool) {
+	if !t.check || len(v) == 0 {
+		return
+	}
+	c := t.call(key)
+	if c == nil {
+		return
+	}
+	if str {
+		c.Args = t.appendStr(c.Args, v)
+		return
+	}
+	if t.room(len(v)) {
+		c.Args = append(c.Args, v...)
+		t.held += len(v)
+	}
+}
+
+// room reports whether n more bytes fit under the bound, marking t Over
+// when they do not.
+func (t *Collector) room(n int) bool {
+	if t.over || t.held+n > t.max {
+		t.over = true
+		return false
+	}
+	return true
+}
+
+// appendStr appends the JSON string value v unescaped, within the bound;
+// a value that is not a string adds nothing.
+func (t *Collector) appendStr(dst, v []byte) []byte {
+	s, ok := strVal(v)
+	if !ok || !t.room(len(s)) { // unescaping never lengthens
+		return dst
+	}
+	n := len(dst)
+	dst = appendUnescaped(dst, s)
+	t.held += len(dst) - n
+	return dst
+}
+
+// appendUnescaped appends the contents of a JSON string (its escapes
+// resolved; without its quotes) to dst. It never allocates beyond dst's
+// growth. A malformed escape is kept as it is; invalid UTF-8 is copied.
+func appendUnescaped(dst, s []byte) []byte {
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && s[i] != '\\' {
+			i++
+		}
+		dst = append(dst, s[:i]...)
+		s = s[i:]
+		if len(s) < 2 {
+			return append(dst, s...)
+		}
+		switch s[1] {
+		case '"', '\\', '/':
+			dst = append(dst, s[1])
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(s[2:])
+			if !ok {
+				dst = append(dst, s[:2]...)
+				s = s[2:]
+				continue
+			}
+			s = s[6:]
+			if utf16.IsSurrogate(r) {
+				r2, ok := rune(-1), false
+				if len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+					r2, ok = hex4(s[2:])
+				}
+				if d := utf16.DecodeRune(r, r2); ok && d != utf8.RuneError {
+					r, s = d, s[6:]
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default:
+			dst = append(dst, s[:2]...)
+		}
+		s = s[2:]
+	}
+	return dst
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// ParseCollect is Parse, writing to t (when not nil) the answer text and
+// tool calls of the payload for the structure checks (NewCollector). With
+// a nil t it is Parse; with one, it allocates only as t's buffers grow.
+func ParseCollect(f Format, data []byte, c *Chunk, t *Collector) {
+	if t == nil {
+		f.parse(data, c, nil)
+		return
+	}
+	n := len(t.buf)
+	f.parse(data, c, t)
+	if c.Malformed {
+		t.buf = t.buf[:n]
+	}
+}
+
+// Declared is what a request body declares that the structure checks
+// hold the response to: its tools (a call must name one, and its
+// arguments must match that tool's parameters schema) and whether the
+// output was asked for as JSON (and its schema). The zero value declares
+// nothing: no check applies.
+type Declared struct {
+	Tools []DeclaredTool
+	// JSON: the output was asked for as JSON (OpenAI's response_format
+	// json_object or json_schema, Responses' text.format, Ollama's
+	// format, Gemini's responseMimeType application/json).
+	JSON bool
+	// Schema is the output's JSON Schema (raw, aliasing the body); nil:
+	// any JSON.
+	Schema []byte
+}
+
+// DeclaredTool is one declared tool: its name (unescaped) and its
+// parameters' JSON Schema (raw, aliasing the body; nil: none given).
+type DeclaredTool struct {
+	Name   string
+	Schema []byte
+}
+
+// Any reports whether d declares something a check applies to.
+func (d *Declared) Any() bool { return len(d.Tools) > 0 || d.JSON }
+
+// MaxDeclaredTools bounds the tools read from one request; past it the
+// rest are not read, and a call to one of them is an unknown tool (an
+// API takes a few dozen at most: OpenAI documents 128).
+const MaxDeclaredTools = 256
+
+// member returns the value of the member path ("function.name") of the
+// object v, nil when absent.
+func member(v []byte, path string) []byte {
+	for path != "" {
+		key, rest := path, ""
+		for i := 0; i < len(path); i++ {
+			if path[i] == '.' {
+				key, rest = path[:i], path[i+1:]
+				break
+			}
+		}
+		var found []byte
+		eachMember(v, func(k, val []byte) bool {
+			if string(k) == key {
+				found = val
+				return false
+			}
+			return true
+		})
+		if found == nil {
+			return nil
+		}
+		v, path = found, rest
+	}
+	return v
+}
+
+// str returns the unescaped string value v, "" when it is not one.
+func str(v []byte) string {
+	s, ok := strVal(v)
+	if !ok {
+		return ""
+	}
+	return string(appendUnescaped(nil, s))
+}
+
+// addTools appends to d each element of the array tools, its name and
+// schema at the first present of the member paths names and schemas.
+func (d *Declared) addTools(tools []byte, names, schemas []string) {
+	eachElement(tools, func(t []byte) bool {
+		if len(d.Tools) == MaxDeclaredTools {
+			return false
+		}
+		var dt DeclaredTool
+		for _, n := range names {
+			if v := member(t, n); v != nil {
+				dt.Name = str(v)
+				break
+			}
+		}
+		for _, p := range schemas {
+			if v := member(t, p); isObject(v) {
+				dt.Schema = v
+				break
+			}
+		}
+		if dt.Name != "" {
+			d.Tools = append(d.Tools, dt)
+		}
+		return true
+	})
+}
+
+// declaresOpenAI: Chat Completions' tools
+// ({type: function, function: {name, parameters}}) and response_format
+// ({type: json_object} or {type: json_schema, json_schema: {schema}});
+// openai/openai-openapi openapi.yaml, CreateChatCompletionRequest. Ollama's
+// /api/chat takes the same tools (api/types.go, Tool) and its format:
+// "json" or a schema object.
+func declaresOpenAI(m func(string) []byte) (d Declared) {
+	d.addTools(m("tools"), []string{"function.name"}, []string{"function.parameters"})
+	rf := m("response_format")
+	switch str(member(rf, "type")) {
+	case "json_object":
+		d.JSON = true
+	case "json_schema":
+		d.JSON = true
+		if s := member(rf, "json_schema.schema"); isObject(s) {
+			d.Schema = s
+		}
+	}
+	return d
+}
+
+// declaresOllama: /api/chat's tools (as OpenAI's) and format, "json" or
+// a JSON Schema object (ollama api/types.go, ChatRequest.Format).
+func declaresOllama(m func(string) []byte) (d Declared) {
+	d.addTools(m("tools"), []string{"function.name"}, []string{"function.parameters"})
+	f := trimWS(m("format"))
+	switch {
+	case string(f) == `"json"`:
+		d.JSON = true
+	case isObject(f):
+		d.JSON, d.Schema = true, f
+	}
+	return d
+}
+
+// declaresResponses: the Responses API's function tools
+// ({type: function, name, parameters}) and text.format
+// ({type: json_schema, schema} or {type: json_object}); openapi.yaml,
+// CreateResponse.
+func declaresResponses(m func(string) []byte) (d Declared) {
+	d.addTools(m("tools"), []string{"name"}, []string{"parameters"})
+	f := member(m("text"), "format")
+	switch str(member(f, "type")) {
+	case "json_object":
+		d.JSON = true
+	case "json_schema":
+		d.JSON = true
+		if s := member(f, "schema"); isObject(s) {
+			d.Schema = s
+		}
+	}
+	return d
+}
+
+// declaresMessages: Anthropic's tools ({name, input_schema}; the Messages
+// API reference). Anthropic has no JSON output mode in the stable API.
+func declaresMessages(m func(string) []byte) (d Declared) {
+	d.addTools(m("tools"), []string{"name"}, []string{"input_schema"})
+	return d
+}
+
+// declaresGemini: Gemini's tools ({functionDeclarations: [{name,
+// parametersJsonSchema | parameters}]}) and generationConfig
+// (responseMimeType application/json, with responseJsonSchema or
+// responseSchema); the generateContent reference. responseSchema and
+// parameters are an OpenAPI subset ("type":"OBJECT"): a schema that does
+// not compile as JSON Schema is not validated against (package
+// structure says so).
+func declaresGemini(m func(string) []byte) (d Declared) {
+	eachElement(m("tools"), func(t []byte) bool {
+		d.addTools(member(t, "functionDeclarations"), []string{"name"}, []string{"parametersJsonSchema", "parameters"})
+		return true
+	})
+	gc := m("generationConfig")
+	if str(member(gc, "responseMimeType")) == "application/json" {
+		d.JSON = true
+		for _, p := range []string{"responseJsonSchema", "responseSchema"} {
+			if s := member(gc, p); isObject(s) {
+				d.Schema = s
+				break
+			}
+		}
+	}
+	return d
+}
