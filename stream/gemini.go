@@ -167,7 +167,7 @@ func geminiPart(p []byte, c *Chunk, t *Collector) {
 			}
 			return true
 		})
-		t.callArgs(t.callName(-1, name), args, false)
+		t.callArgs(t.callName(newCall, name), args, false)
 	}
 	switch {
 	case text && thought:

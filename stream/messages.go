@@ -179,7 +179,7 @@ func parseMessages(data []byte, c *Chunk, t *Collector) {
 				case `"text"`:
 					t.add(text)
 				case `"tool_use"`:
-					t.callArgs(t.callName(-1, name), input, false)
+					t.callArgs(t.callName(newCall, name), input, false)
 				}
 				return true
 			})

@@ -116,7 +116,7 @@ func ollamaContent(k, v []byte, c *Chunk, t *Collector) {
 					}
 					return true
 				})
-				t.callArgs(t.callName(-1, name), args, false)
+				t.callArgs(t.callName(newCall, name), args, false)
 				return true
 			})
 		}

@@ -214,7 +214,7 @@ func responseOutputText(output []byte, t *Collector) {
 			return true
 		})
 		if string(typ) == "function_call" {
-			responsesCall(item, -1, t)
+			responsesCall(item, newCall, t)
 			return true
 		}
 		if string(typ) != "message" {
@@ -248,7 +248,7 @@ var usageResponses = Usage{Input: []string{"input_tokens"}, Cached: []string{"in
 // responsesCall begins a function_call output item (its name, and its
 // arguments when the item carries them: a whole response's do, a
 // stream's output_item.added has them empty) under the key i, the
-// item's output_index (-1: a new call).
+// item's output_index (newCall: a new call).
 func responsesCall(item []byte, i int64, t *Collector) {
 	var typ, name, args []byte
 	eachMember(item, func(k, v []byte) bool {

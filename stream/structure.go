@@ -85,10 +85,15 @@ func (t *Collector) Multi() bool { return t.multi }
 // SetMulti marks t as carrying several choices.
 func (t *Collector) SetMulti() { t.multi = true }
 
+// newCall is the key that begins a new call (callName): the APIs that
+// send each call whole (Gemini, Ollama, a whole body's) have no index.
+const newCall = -1
+
 // call returns the call with key, a new one when there is none (nil when
-// over MaxCalls). A key < 0 always begins a new call.
+// over MaxCalls). The key newCall always begins a new call, which gets a
+// key of its own below it (-2, -3...).
 func (t *Collector) call(key int64) *ToolCall {
-	if key >= 0 {
+	if key != newCall {
 		for i := t.n - 1; i >= 0; i-- {
 			if t.calls[i].key == key {
 				return &t.calls[i]
@@ -105,14 +110,14 @@ func (t *Collector) call(key int64) *ToolCall {
 	c := &t.calls[t.n]
 	t.n++
 	c.key = key
-	if key < 0 {
-		c.key = -int64(t.n)
+	if key == newCall {
+		c.key = newCall - int64(t.n)
 	}
 	return c
 }
 
-// callName sets the name of the call with key (a JSON string value; a
-// call keyed < 0 is a new one) and returns the call's key.
+// callName sets the name of the call with key (a JSON string value; the
+// key newCall begins a new call) and returns the call's key.
 func (t *Collector) callName(key int64, name []byte) int64 {
 	if !t.check {
 		return key
