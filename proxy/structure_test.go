@@ -151,8 +151,8 @@ var structAPIs = []structAPI{
 		// finishReason STOP or MAX_TOKENS on the last event
 		// (https://ai.google.dev/api/generate-content).
 		name: "gemini", path: "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", ct: "text/event-stream",
-		toolsReq: `{"contents":[{"role":"user","parts":[{"text":"weather?"}]}],"tools":[{"functionDeclarations":[{"name":"get_weather","description":"the weather","parametersJsonSchema":` + toolSchema + `}]}]}`,
-		jsonReq:  `{"contents":[{"role":"user","parts":[{"text":"answer"}]}],"generationConfig":{"responseMimeType":"application/json","responseJsonSchema":` + outputSchema + `}}`,
+		toolsReq:  `{"contents":[{"role":"user","parts":[{"text":"weather?"}]}],"tools":[{"functionDeclarations":[{"name":"get_weather","description":"the weather","parametersJsonSchema":` + toolSchema + `}]}]}`,
+		jsonReq:   `{"contents":[{"role":"user","parts":[{"text":"answer"}]}],"generationConfig":{"responseMimeType":"application/json","responseJsonSchema":` + outputSchema + `}}`,
 		objectReq: `{"contents":[{"role":"user","parts":[{"text":"answer"}]}],"generationConfig":{"responseMimeType":"application/json"}}`,
 		body: func(s shape) string {
 			ev := func(part, finish string) string {
