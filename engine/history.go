@@ -140,3 +140,16 @@ func (h *history) stallCause(from, to time.Time) int {
 	}
 	return 0
 }
+
+// Waiting returns the engine's waiting queue as last scraped, and
+// whether it is known: false before the first scrape, or when the engine
+// exports no queue.
+func (s *Scraper) Waiting() (float64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.hist.s) == 0 {
+		return 0, false
+	}
+	w := s.hist.s[len(s.hist.s)-1].waiting
+	return w, !math.IsNaN(w)
+}

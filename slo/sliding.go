@@ -67,3 +67,20 @@ func (w *sliding[S]) sum(now time.Time, f func(*S)) time.Duration {
 	}
 	return now.Sub(oldest)
 }
+
+// each calls f, under the lock, with the start and sums of every slot
+// within the window ending at now, oldest first.
+func (w *sliding[S]) each(now time.Time, f func(start time.Time, s *S)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	length := w.slot * time.Duration(len(w.slots))
+	cur := now.Truncate(w.slot)
+	for k := len(w.slots) - 1; k >= 0; k-- {
+		start := cur.Add(-time.Duration(k) * w.slot)
+		s := &w.slots[int(start.UnixNano()/int64(w.slot))%len(w.slots)]
+		if s.start.IsZero() || !s.start.Equal(start) || now.Sub(s.start) >= length {
+			continue
+		}
+		f(s.start, &s.sums)
+	}
+}
