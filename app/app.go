@@ -31,6 +31,7 @@ import (
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/internal/safe"
+	"github.com/tokentap/tokentap/live"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/probe"
 	"github.com/tokentap/tokentap/proxy"
@@ -155,6 +156,10 @@ type Sidecar struct {
 	pln, aln  net.Listener
 	egress    *egress.Proxy // nil when egress.listen is not set
 	eln       net.Listener
+	// synthetic says what the pages flag as made up (applyDemo); "" in
+	// front of a real engine.
+	synthetic string
+	trend     *slo.Trend
 }
 
 func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
@@ -176,7 +181,10 @@ func (s *Sidecar) Close() {
 func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	s := &Sidecar{cfg: cfg, env: env, log: slog.New(safe.Handler(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level})))}
+	// The first run's demo SLO and price (docs/live.md), before anything
+	// reads the SLO or cost sections.
+	synthetic := applyDemo(&cfg)
+	s := &Sidecar{cfg: cfg, synthetic: synthetic, env: env, log: slog.New(safe.Handler(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level})))}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -279,6 +287,19 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	book := slo.NewBook(cfg.SLO, metrics.Registry)
 	load := slo.NewLoadMeter(slo.NewLoadBuckets(cfg.Capacity))
 	scorecard := slo.NewScorecard(book, load.Buckets(), cfg.Cost, s.sampler != nil, metrics.Registry)
+	scorecard.SetSynthetic(synthetic)
+	// The live page (docs/live.md): the last finished records, kept as
+	// a sink, and the 15-minute trend, counted beside the scorecard.
+	var waiting func() (float64, bool)
+	if s.engine != nil {
+		waiting = s.engine.Waiting
+	}
+	s.trend = newTrend(cfg, load, waiting)
+	var livePage *live.Page
+	if cfg.Live.Enabled {
+		livePage = live.New(live.Options{Requests: cfg.Live.Requests, Trend: s.trend, StallThreshold: judge.Config().StallThreshold, Synthetic: synthetic})
+		sinks = append(sinks, livePage)
+	}
 	prices := exporter.Prices{Currency: cfg.Cost.Currency, PerHour: cfg.Cost.Hourly(), EnergyPerKWh: cfg.Cost.EnergyPerKWh}
 	metrics.RegisterPrices(prices, time.Now())
 	if s.otel.Metrics != nil {
@@ -288,7 +309,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}
 	pipe := pipeline.New(pipeline.Options{
 		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
-		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: scorecard, Sinks: sinks,
+		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
 	})
 
 	// The proxy, and the probes that send canary requests through the
@@ -339,7 +360,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.nprobes = len(probes.Probes)
 	sidecarURL, _ := url.Parse("http://" + s.addrs.Proxy)
 	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
-		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv})
+		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv, Synthetic: synthetic})
 
 	// Admin endpoints.
 	admin := http.NewServeMux()
@@ -351,6 +372,22 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	admin.Handle("GET /readyz", s.up.Readiness(s.prober))
 	admin.Handle("GET /slo", scorecard)
 	admin.Handle("GET /probes", s.prober)
+	eps := []endpoint{
+		{"/metrics", "Prometheus metrics (OpenMetrics): docs/metrics.md"},
+		{"/healthz", "liveness: the sidecar answers"},
+		{"/readyz", "readiness: the engine answers, and the canary probes pass"},
+		{"/slo", "SLO attainment and scorecard over this instance's window (?format=json): docs/slo.md"},
+		{"/probes", "the canary probes' last results (?format=json): docs/probe.md"},
+	}
+	if livePage != nil {
+		admin.Handle("GET /live", livePage)
+		admin.Handle("GET /live/", livePage)
+		eps = append(eps,
+			endpoint{"/live", "live view: the last requests' token strips, the last 15 minutes, the canary: docs/live.md"},
+			endpoint{"/live/data", "the live view's data (JSON; ?n=, ?since=): docs/live.md"})
+	}
+	admin.Handle("GET /{$}", serveIndex(eps, synthetic))
+	admin.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 
 	// Timeouts (design note): a request's headers must arrive within 30 s,
 	// a keep-alive connection idle between requests is closed after
@@ -465,6 +502,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	go func() { errc <- s.proxySrv.Serve(s.pln) }()
 	go func() { errc <- s.adminSrv.Serve(s.aln) }()
 	s.serveEgress(errc)
+	if s.cfg.DemoOn() {
+		log.Warn("FIRST-RUN DEMO: a demo SLO, a demo price and a demo load run against the built-in simulator; all flagged synthetic (--demo=off turns it off)",
+			"rate", demoRate(cfg.Demo), "live", "http://"+s.addrs.Admin+"/live")
+	}
 	log.Info("tokentap is up", "proxy", "http://"+s.addrs.Proxy, "upstream", config.Redacted(s.addrs.Upstream),
 		"metrics", "http://"+s.addrs.Admin+"/metrics", "inject_usage", cfg.InjectUsage)
 	samplerCtx, stopSampler := context.WithCancel(context.Background())
@@ -487,6 +528,17 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	probeCtx, stopProbes := context.WithCancel(context.Background())
 	probesDone := make(chan struct{})
 	go func() { s.prober.Run(probeCtx); close(probesDone) }()
+	trendDone := make(chan struct{})
+	go func() { s.trend.Run(engineCtx); close(trendDone) }()
+	demoDone := make(chan struct{})
+	if s.cfg.DemoOn() {
+		go func() {
+			demoLoad(probeCtx, s.addrs.Proxy, cfg.Simulator.Model, demoRate(cfg.Demo), cfg.Simulator.Seed)
+			close(demoDone)
+		}()
+	} else {
+		close(demoDone)
+	}
 	if s.nprobes > 0 {
 		log.Info("canary probes running", "probes", s.nprobes)
 	}
@@ -510,8 +562,9 @@ wait:
 			}
 		}
 	}
-	stopProbes() // probes stop first: a probe due now is recorded as not_sent
+	stopProbes() // probes and the demo load stop first: a probe due now is recorded as not_sent
 	<-probesDone
+	<-demoDone
 	log.Info("shutting down: no new requests; in-flight streams may finish", "grace", cfg.ShutdownGrace)
 	s.up.ShutDown()
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
@@ -548,6 +601,7 @@ wait:
 	ecancel()
 	stopEngine() // after the last streams: their records had the engine's history
 	<-engineDone
+	<-trendDone
 	<-upDone
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone

@@ -88,6 +88,10 @@ type Config struct {
 	// Egress is the forward HTTPS proxy that measures hosted APIs
 	// (docs/egress.md); off unless egress.listen is set.
 	Egress Egress `yaml:"egress"`
+	// Live configures the admin port's live page (docs/live.md).
+	Live Live `yaml:"live"`
+	// Demo configures the first run's demonstration (docs/live.md).
+	Demo Demo `yaml:"demo"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -116,6 +120,8 @@ func Defaults() Config {
 		Simulator:          SimulatorDefaults(),
 		Engine:             EngineDefaults(),
 		Egress:             EgressDefaults(),
+		Live:               LiveDefaults(),
+		Demo:               DemoDefaults(),
 	}
 }
 
@@ -335,6 +341,8 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	c.Engine.bind(fs)
 	c.Cost.bind(fs)
 	c.Egress.bind(fs)
+	c.Live.bind(fs)
+	c.Demo.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -407,6 +415,8 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Engine.Validate()...)
 	errs = append(errs, c.Cost.Validate()...)
 	errs = append(errs, c.Capacity.Validate()...)
+	errs = append(errs, c.Live.Validate()...)
+	errs = append(errs, c.Demo.Validate()...)
 	errs = append(errs, c.Egress.Validate()...)
 	return errs
 }

@@ -14,7 +14,10 @@ import (
 
 // Page is the /probes document.
 type Page struct {
-	Generated time.Time     `json:"generated"`
+	Generated time.Time `json:"generated"`
+	// Synthetic says what on the page is made up (Options.Synthetic);
+	// absent when nothing is.
+	Synthetic string        `json:"synthetic,omitempty"`
 	Probes    []ProbeStatus `json:"probes"`
 }
 
@@ -33,7 +36,7 @@ type ProbeStatus struct {
 
 // Status builds the /probes document; newest results first.
 func (p *Prober) Status() Page {
-	pg := Page{Generated: time.Now().UTC(), Probes: []ProbeStatus{}}
+	pg := Page{Generated: time.Now().UTC(), Synthetic: p.opts.Synthetic, Probes: []ProbeStatus{}}
 	for _, s := range p.defs {
 		s.mu.Lock()
 		st := ProbeStatus{Name: s.def.Name, API: s.def.API, Target: s.def.Target, Schedule: s.def.Schedule,
@@ -98,8 +101,9 @@ var pageTmpl = template.Must(template.New("probes").Funcs(template.FuncMap{
 		return "–"
 	},
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap probes</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}.failed,.not_sent{color:#b00}.success{color:#070}</style></head><body>
-<h1>Canary probes</h1><p>Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
+<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}.failed,.not_sent{color:#b00}.success{color:#070}.synthetic{background:#fff3b0;border:2px solid #d9a400;padding:.5em 1em;font-weight:bold}</style><link rel="icon" href="data:,"></head><body>
+{{if .Synthetic}}<div class="synthetic" id="synthetic">SYNTHETIC: {{.Synthetic}}</div>{{end}}
+<h1>Canary probes</h1><p><a href="/">index</a> · <a href="/live">live</a> · <a href="/slo">/slo</a></p><p>Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
 {{range .Probes}}<h2>{{.Name}}</h2><p>{{.API}} → {{.Target}}, {{.Schedule}} every {{.IntervalSeconds}} s; {{.ConsecutiveFailures}} failures in a row.
 {{with .LastFailure}}Last failure: {{.Scheduled.Format "15:04:05"}} HTTP {{.HTTPStatus}} {{.Failure}} {{.Detail}}{{end}}</p>
 <table><tr><th>scheduled</th><th>lag ms</th><th>result</th><th>outcome</th><th>HTTP</th><th>TTFT ms</th><th>E2E ms</th><th>tokens</th><th>failure</th><th>conn</th><th>conn wait ms</th><th>DNS ms</th><th>connect ms</th><th>TLS ms</th><th>server ms</th></tr>

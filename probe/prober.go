@@ -44,6 +44,10 @@ type Options struct {
 	Logger    *slog.Logger
 	// Getenv reads api_key_env; nil means os.Getenv.
 	Getenv func(string) string
+	// Synthetic, when not empty, is shown on /probes as a warning: what
+	// on the page is made up (the built-in simulator's numbers). ""
+	// shows none.
+	Synthetic string
 }
 
 // Prober runs the configured probes. Create it with New, run it with Run.

@@ -45,7 +45,11 @@ type Reason struct {
 type Page struct {
 	Scope     string    `json:"scope"`
 	Generated time.Time `json:"generated"`
-	SLOs      []Status  `json:"slos"`
+	// Synthetic says what on the page is made up (Scorecard.SetSynthetic:
+	// the simulator's numbers, a demo SLO or price); absent when nothing
+	// is.
+	Synthetic string   `json:"synthetic,omitempty"`
+	SLOs      []Status `json:"slos"`
 }
 
 // Status computes every SLO's status at now.
@@ -96,8 +100,9 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 	"num":   fmtFloat,
 	"deref": func(f *float64) float64 { return *f },
 }).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>tokentap SLOs</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#eee}.met{color:#070}.missed{color:#b00}</style></head><body>
-<h1>SLO attainment: this instance's view</h1><p>{{.Scope}}. Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
+<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#eee}.met{color:#070}.missed{color:#b00}.synthetic{background:#fff3b0;border:2px solid #d9a400;padding:.5em 1em;font-weight:bold}</style><link rel="icon" href="data:,"></head><body>
+{{if .Synthetic}}<div class="synthetic" id="synthetic">SYNTHETIC: {{.Synthetic}}</div>{{end}}
+<h1>SLO attainment: this instance's view</h1><p><a href="/">index</a> · <a href="/live">live</a> · <a href="/probes">/probes</a></p><p>{{.Scope}}. Generated {{.Generated.Format "2006-01-02T15:04:05Z07:00"}}. <a href="?format=json">JSON</a></p>
 <table><tr><th>SLO</th><th>target</th><th>window</th><th>offered</th><th>qualified</th><th>attainment</th><th>95% bounds</th><th>verdict</th><th>goodput req/s</th><th>goodput tok/s</th><th>fast but invalid</th><th>top failures</th></tr>
 {{range .SLOs}}<tr><td style="text-align:left">{{.Name}}</td><td>{{pct .Target}}</td><td>{{num .WindowSeconds}} s</td><td>{{.Offered}}</td><td>{{.Qualified}}</td>
 <td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>

@@ -86,7 +86,14 @@ type Scorecard struct {
 	cost    config.Cost
 	energy  bool
 	windows []*cardWindow // parallel to book.cfg.Objectives
+	// synthetic is shown on /slo (SetSynthetic); "" shows nothing.
+	synthetic string
 }
+
+// SetSynthetic makes /slo say, as a warning, what on it is made up (the
+// built-in simulator's numbers, a demo SLO or price). Call it before
+// serving; "" (the default) says nothing.
+func (sc *Scorecard) SetSynthetic(s string) { sc.synthetic = s }
 
 // NewScorecard returns the scorecard of book's SLOs with the load
 // buckets the load meter labels with, the declared prices, and whether
@@ -137,6 +144,7 @@ func (sc *Scorecard) Fill(p *Page, now time.Time) {
 // Page returns the /slo document with the scorecards.
 func (sc *Scorecard) Page(now time.Time) Page {
 	p := sc.book.Status(now)
+	p.Synthetic = sc.synthetic
 	sc.Fill(&p, now)
 	return p
 }

@@ -1,0 +1,185 @@
+// Package live serves the admin port's live page (docs/live.md): the
+// last finished requests as token strips on a common time axis, the
+// rolling figures of the last 15 minutes (slo.Trend) and the canary's
+// last results. The page's files are embedded in the binary (vanilla
+// JavaScript, nothing fetched from elsewhere); the page polls
+// /live/data while it is open.
+//
+// It costs nothing per token: the page keeps the last finished records
+// (a record sink, one pointer stored per request: records are never
+// reused, and nothing writes one once it reaches the sinks), and
+// encodes them only when a browser asks.
+package live
+
+import (
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/slo"
+)
+
+//go:embed static
+var static embed.FS
+
+// The bounds of Options.Requests.
+const (
+	DefaultRequests = 100
+	MaxRequests     = 1000
+)
+
+// Options configure the live page.
+type Options struct {
+	// Requests is how many finished requests the page keeps and shows:
+	// 0 means DefaultRequests; at most MaxRequests (clamped).
+	Requests int
+	// Trend gives the rolling figures; nil: none shown.
+	Trend *slo.Trend
+	// StallThreshold is the gap above which the page marks a stall (the
+	// SLO section's stall_threshold); 0 means 1 s.
+	StallThreshold time.Duration
+	// Synthetic, when not empty, is shown as a warning on the page and
+	// in its data: the numbers come from the built-in simulator, and
+	// what else is made up (a demo SLO, a demo price, demo load).
+	Synthetic string
+	// Clock is the time source; nil means time.Now.
+	Clock func() time.Time
+}
+
+// Page is the live page: a record sink and its HTTP handler.
+type Page struct {
+	o      Options
+	static http.Handler
+
+	mu   sync.Mutex
+	ring []*record.Record // the last len(ring) records, ring[next] the oldest once full
+	next int
+	n    int    // records held
+	seq  uint64 // records written ever
+}
+
+// New returns the live page.
+func New(o Options) *Page {
+	if o.Requests <= 0 {
+		o.Requests = DefaultRequests
+	}
+	o.Requests = min(o.Requests, MaxRequests)
+	if o.StallThreshold <= 0 {
+		o.StallThreshold = time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	sub, _ := fs.Sub(static, "static")
+	return &Page{o: o, ring: make([]*record.Record, o.Requests), static: http.StripPrefix("/live/static/", http.FileServerFS(sub))}
+}
+
+// Write keeps a finished record (record.Sink): one pointer stored under
+// a lock held for nothing else, once per request. A record that never
+// arrived (a probe not sent) is not kept.
+func (p *Page) Write(r *record.Record) {
+	if r.Arrive.IsZero() || r.Outcome == record.NotSent {
+		return
+	}
+	p.mu.Lock()
+	p.ring[p.next] = r
+	p.next = (p.next + 1) % len(p.ring)
+	p.n = min(p.n+1, len(p.ring))
+	p.seq++
+	p.mu.Unlock()
+}
+
+// last returns the newest n records, oldest first, and the sequence
+// number of the newest.
+func (p *Page) last(n int) ([]*record.Record, uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n = min(n, p.n)
+	out := make([]*record.Record, n)
+	for i := range n {
+		out[i] = p.ring[(p.next-n+i+len(p.ring))%len(p.ring)]
+	}
+	return out, p.seq
+}
+
+// Data is the /live/data document.
+type Data struct {
+	Generated time.Time `json:"generated"`
+	// Seq counts the records kept ever; a poll with since=Seq gets no
+	// records back (Unchanged).
+	Seq       uint64 `json:"seq"`
+	Unchanged bool   `json:"unchanged,omitempty"`
+	// Capacity is how many records the page keeps (Options.Requests).
+	Capacity         int     `json:"capacity"`
+	StallThresholdMS float64 `json:"stall_threshold_ms"`
+	Synthetic        string  `json:"synthetic,omitempty"`
+	// Records are the newest finished requests, oldest first, each as
+	// its record line (docs/records.md): never a prompt or an answer.
+	Records []json.RawMessage `json:"records"`
+	Trend   *slo.TrendDoc     `json:"trend,omitempty"`
+}
+
+// ServeHTTP serves GET /live (the page), /live/static/* (its files) and
+// /live/data (its data; query: n, the records wanted, 1 to the
+// capacity, and since, the Seq of the caller's last poll).
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch path := r.URL.Path; {
+	case path == "/live" || path == "/live/":
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		b, _ := static.ReadFile("static/live.html")
+		w.Write(b)
+	case path == "/live/data":
+		p.serveData(w, r)
+	default:
+		w.Header().Set("Cache-Control", "no-cache")
+		p.static.ServeHTTP(w, r)
+	}
+}
+
+func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	n := len(p.ring)
+	if s := q.Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > len(p.ring) {
+			http.Error(w, "n: a count of records from 1 to "+strconv.Itoa(len(p.ring)), http.StatusBadRequest)
+			return
+		}
+		n = v
+	}
+	var since uint64
+	hasSince := false
+	if s := q.Get("since"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			http.Error(w, "since: the seq of a previous poll", http.StatusBadRequest)
+			return
+		}
+		since, hasSince = v, true
+	}
+	recs, seq := p.last(n)
+	d := Data{Generated: p.o.Clock().UTC(), Seq: seq, Capacity: len(p.ring), StallThresholdMS: float64(p.o.StallThreshold) / 1e6,
+		Synthetic: p.o.Synthetic, Records: []json.RawMessage{}}
+	if hasSince && since == seq {
+		d.Unchanged = true
+	} else {
+		for _, rec := range recs {
+			b, err := rec.MarshalJSON()
+			if err == nil {
+				d.Records = append(d.Records, b)
+			}
+		}
+	}
+	if p.o.Trend != nil {
+		t := p.o.Trend.Doc()
+		d.Trend = &t
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(d)
+}

@@ -1,0 +1,133 @@
+package live
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokentap/tokentap/record"
+)
+
+func rec(i int, at time.Time) *record.Record {
+	r := record.New(4)
+	r.ID, r.Traffic, r.API, r.Stream = fmt.Sprintf("r-%d", i), "live", record.APIChat, true
+	r.Arrive = at
+	r.AddToken(at.Add(10*time.Millisecond), 1, true)
+	r.AddToken(at.Add(20*time.Millisecond), 2, true)
+	r.Outcome, r.HTTPStatus, r.OutputTokens, r.Terminal = record.Success, 200, 3, at.Add(25*time.Millisecond)
+	return r
+}
+
+func get(t *testing.T, h http.Handler, url string) (int, string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, url, nil))
+	return w.Code, w.Body.String()
+}
+
+// The page keeps the last Requests records, oldest first in its data,
+// and a poll that has seen the newest gets no record back.
+func TestRingKeepsTheLastRecords(t *testing.T) {
+	p := New(Options{Requests: 5})
+	t0 := time.Unix(1000, 0)
+	for i := range 12 {
+		p.Write(rec(i, t0.Add(time.Duration(i)*time.Second)))
+	}
+	p.Write(&record.Record{Outcome: record.NotSent}) // a probe not sent: not kept
+	code, body := get(t, p, "/live/data")
+	if code != 200 {
+		t.Fatalf("HTTP %d: %s", code, body)
+	}
+	var d struct {
+		Seq       uint64
+		Capacity  int
+		Unchanged bool
+		Records   []struct {
+			ID      string    `json:"id"`
+			TokenMS []float64 `json:"token_ms"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Seq != 12 || d.Capacity != 5 || len(d.Records) != 5 {
+		t.Fatalf("seq %d capacity %d records %d, want 12, 5, 5", d.Seq, d.Capacity, len(d.Records))
+	}
+	for i, r := range d.Records {
+		if want := fmt.Sprintf("r-%d", 7+i); r.ID != want {
+			t.Errorf("record %d is %s, want %s (oldest first)", i, r.ID, want)
+		}
+		if len(r.TokenMS) != 2 || r.TokenMS[1] != 20 {
+			t.Errorf("record %s token_ms %v, want [10 20]", r.ID, r.TokenMS)
+		}
+	}
+	_, body = get(t, p, "/live/data?n=2&since=12")
+	if !strings.Contains(body, `"unchanged":true`) || !strings.Contains(body, `"records":[]`) {
+		t.Errorf("a poll at the newest seq got %s", body)
+	}
+	_, body = get(t, p, "/live/data?n=2&since=11")
+	if err := json.Unmarshal([]byte(body), &d); err != nil || len(d.Records) != 2 || d.Records[1].ID != "r-11" {
+		t.Errorf("n=2 after a new record: %s", body)
+	}
+}
+
+// Query parameters are bounded: a count outside 1 to the capacity, or a
+// seq that is not a number, is a 400.
+func TestDataQueryBounds(t *testing.T) {
+	p := New(Options{Requests: 10})
+	for _, q := range []string{"n=0", "n=11", "n=-1", "n=abc", "since=-1", "since=x", "n=99999999999999999999"} {
+		if code, body := get(t, p, "/live/data?"+q); code != http.StatusBadRequest {
+			t.Errorf("?%s: HTTP %d, want 400 (%s)", q, code, body)
+		}
+	}
+	if code, _ := get(t, p, "/live/data?n=10&since=0"); code != 200 {
+		t.Errorf("?n=10&since=0: HTTP %d", code)
+	}
+	if New(Options{Requests: 1 << 20}).o.Requests != MaxRequests || New(Options{}).o.Requests != DefaultRequests {
+		t.Error("Requests is not bounded to MaxRequests, or 0 does not mean the default")
+	}
+}
+
+// The page and its files are embedded and served; nothing refers to
+// another host.
+func TestPageIsEmbedded(t *testing.T) {
+	p := New(Options{})
+	for _, path := range []string{"/live", "/live/static/live.js", "/live/static/live.css"} {
+		code, body := get(t, p, path)
+		if code != 200 || len(body) < 100 {
+			t.Errorf("%s: HTTP %d, %d bytes", path, code, len(body))
+		}
+		if strings.Contains(body, "http://") || strings.Contains(body, "https://") {
+			if !strings.Contains(body, "http://www.w3.org/2000/svg") || strings.Count(body, "://") > 1 {
+				t.Errorf("%s refers to another host", path)
+			}
+		}
+	}
+	if code, _ := get(t, p, "/live/static/nope.js"); code != 404 {
+		t.Errorf("a missing file: HTTP %d, want 404", code)
+	}
+}
+
+// Keeping a record costs no allocation: a pointer stored per request.
+func TestWriteDoesNotAllocate(t *testing.T) {
+	p := New(Options{Requests: 8})
+	r := rec(0, time.Unix(1000, 0))
+	if a := testing.AllocsPerRun(1000, func() { p.Write(r) }); a != 0 {
+		t.Errorf("Write allocates %v times per record, want 0", a)
+	}
+}
+
+// BenchmarkWrite is the live page's cost per finished request with
+// nobody watching.
+func BenchmarkWrite(b *testing.B) {
+	p := New(Options{})
+	r := rec(0, time.Unix(1000, 0))
+	b.ReportAllocs()
+	for b.Loop() {
+		p.Write(r)
+	}
+}
