@@ -16,6 +16,8 @@
 #                         lint and template checks (tools/deploycheck)
 #   buildah               Debian package: builds the Dockerfile's images
 #                         without a daemon or a registry (tools/deploycheck)
+#   chromium              Debian package, /usr/bin/chromium: the browser the
+#                         live page's tests drive (livetest/, chromedp)
 #   ollama                v0.17.4, pinned in tools/ollama/go.mod (a real engine
 #                         for enginetest/); built from source with cgo, CPU
 #                         only, about 6-11 minutes on two cores the first time;
@@ -77,6 +79,14 @@ if ! command -v buildah >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends buildah >/dev/null
+fi
+
+# chromium (Debian), for the browser tests of the admin pages (livetest/).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium (apt-get; needs root)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
 fi
 
 # jaeger, built from the pinned tool module. Rebuilt only when the binary is

@@ -34,6 +34,11 @@
 #                in front of a real Ollama (built by the tools step) serving a
 #                tiny model the tests write, every wire format raw and through
 #                the SDKs (about a minute once built)
+#   browser      livetest, its own module (it holds chromedp): tidy, vet,
+#                staticcheck, then its tests: the admin pages in a headless
+#                chromium (installed by the tools step); screenshots are
+#                written to $TOKENTAP_ARTIFACTS/livetest (default
+#                artifacts/livetest, which CI keeps)
 #   peers        scripts/peers.sh --smoke: the peers benchmark (tools/peerbench)
 #                for a few seconds a path, only to check that it works: the
 #                sidecar must lose no stream (the full table is run by hand,
@@ -146,6 +151,18 @@ step "engines" "(enginetest: tidy, vet, staticcheck, go test -count=1 ./... in f
   "$gobin/staticcheck" ./...
   # No -race: the code under test is the sidecar binary, a process of its own.
   go test -count=1 -timeout 20m ./...
+)
+
+step "browser" "(livetest: tidy, vet, staticcheck, go test -count=1 ./... in chromium; screenshots in artifacts/livetest)"
+(
+  cd livetest
+  if ! go mod tidy -diff; then
+    echo "livetest: go.mod/go.sum are not tidy: run 'go mod tidy' there and commit the result" >&2
+    exit 1
+  fi
+  go vet ./...
+  "$gobin/staticcheck" ./...
+  TOKENTAP_ARTIFACTS="${TOKENTAP_ARTIFACTS:-$(cd .. && pwd)/artifacts}" go test -count=1 -timeout 10m ./...
 )
 
 step "peers" "(scripts/peers.sh --smoke: the peers benchmark, short, only to check that it works)"
