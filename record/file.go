@@ -32,6 +32,17 @@ type FileOptions struct {
 	// was; and, while the file is deleted and cannot be re-created, how
 	// often it tries again. 0 (or less) means 1s.
 	CheckInterval time.Duration
+	// Encode, if set, turns each item queued with WriteItem into its
+	// line, newline included, appended to dst, on the writer goroutine,
+	// just before the batch it is in is written. fresh is true for the
+	// first item bound for a file opened since the previous item was
+	// encoded: the first file, a reopen (Reopen, a rename noticed) or a
+	// re-creation after deletion, or the same file again when nothing of
+	// it was written (a failed write into an empty file). An encoder
+	// keeps per-file state (a capture's time origin) and restarts it
+	// when fresh. It is called by one goroutine only. nil: items are
+	// lines already, written as they are.
+	Encode func(dst, item []byte, fresh bool) []byte
 }
 
 // FileStats are a File's counters since OpenFile. They only grow.
@@ -104,6 +115,10 @@ type File struct {
 	statFails bool      // the last stat of the path failed oddly (logged once)
 	lost      bool      // the open file is deleted and the path could not be re-created
 	retryAt   time.Time // while lost: when to try the path again
+	encode    func(dst, item []byte, fresh bool) []byte
+	items     [][]byte // the batch's items, with encode
+	gen       int64    // files opened so far (reopen counts them)
+	encGen    int64    // gen of the file the encoder last encoded for; -1: none
 }
 
 // fileHandle is the part of *os.File the writer uses; tests wrap it to
@@ -154,6 +169,8 @@ func openFile(path string, opts FileOptions, hooks fileHooks) (*File, error) {
 		done:      make(chan struct{}),
 		hooks:     hooks,
 		trunc:     -1,
+		encode:    opts.Encode,
+		encGen:    -1,
 	}
 	if f.log == nil {
 		f.log = slog.New(slog.DiscardHandler)
@@ -190,7 +207,21 @@ func (f *File) Write(r *Record) {
 		f.drop(1)
 		return
 	}
-	line = append(line, '\n')
+	f.enqueue(append(line, '\n'))
+}
+
+// WriteItem queues item, which the file now owns, for FileOptions.Encode
+// (without it, item must be a whole line, newline included). Like Write,
+// it never blocks: when the queue is full, or after Close, the item is
+// dropped and counted.
+func (f *File) WriteItem(item []byte) {
+	if f == nil {
+		return
+	}
+	f.enqueue(item)
+}
+
+func (f *File) enqueue(line []byte) {
 	f.mu.RLock()
 	queued := false
 	if !f.closed {
@@ -323,24 +354,36 @@ func (f *File) run() {
 // batch writes first and whatever else is queued, up to maxBatchBytes, in
 // one write of n records. It reports false when it found the queue closed.
 func (f *File) batch(first []byte) (n int, open bool) {
-	buf := append(f.buf[:0], first...)
+	buf := f.buf[:0]
+	size := len(first)
+	if f.encode != nil {
+		f.items = append(f.items[:0], first)
+	} else {
+		buf = append(buf, first...)
+	}
 	n = 1
 	open = true
 collect:
-	for len(buf) < maxBatchBytes {
+	for size < maxBatchBytes {
 		select {
 		case line, ok := <-f.queue:
 			if !ok {
 				open = false
 				break collect
 			}
-			buf = append(buf, line...)
+			if f.encode != nil {
+				f.items = append(f.items, line)
+			} else {
+				buf = append(buf, line...)
+			}
+			size += len(line)
 			n++
 		default:
 			break collect
 		}
 	}
-	f.write(buf, n)
+	buf = f.write(buf, n)
+	clear(f.items)
 	if cap(buf) <= 4*maxBatchBytes {
 		f.buf = buf[:0]
 	} else {
@@ -371,21 +414,29 @@ func (f *File) flushQueued(k int) (open bool) {
 	return true
 }
 
-// write appends buf, which holds n whole lines, to the file: all of it,
-// or nothing.
-func (f *File) write(buf []byte, n int) {
+// write appends buf, which holds n whole lines (with Encode: the lines of
+// the n items in f.items, encoded once the file they go to is known), to
+// the file: all of it, or nothing. It returns the buffer, for reuse.
+func (f *File) write(buf []byte, n int) []byte {
 	if f.hooks.beforeWrite != nil {
 		f.hooks.beforeWrite()
 	}
 	select {
 	case <-f.abort:
 		f.dropped.Add(uint64(n))
-		return
+		return buf
 	default:
 	}
 	if (f.lost || f.deleted()) && !f.recreate() {
 		f.lose(n, "records file deleted, and its path cannot be re-created")
-		return
+		return buf
+	}
+	if f.encode != nil {
+		buf = buf[:0]
+		for i, item := range f.items {
+			buf = f.encode(buf, item, i == 0 && f.encGen != f.gen)
+		}
+		f.encGen = f.gen
 	}
 	if f.trunc >= 0 {
 		// A failed write left bytes that could not be cut off then.
@@ -405,10 +456,10 @@ func (f *File) write(buf []byte, n int) {
 			// Deleted before or while we wrote: the lines are in no file.
 			f.lose(n, "records file deleted while records were written to it")
 			f.recreate() // for the next batch
-			return
+			return buf
 		}
 		f.written.Add(uint64(n))
-		return
+		return buf
 	}
 	if err == nil {
 		err = io.ErrShortWrite
@@ -429,10 +480,14 @@ func (f *File) write(buf []byte, n int) {
 		}
 	}
 	f.off = before
+	if before == 0 && f.trunc < 0 {
+		f.encGen = -1 // nothing of the file was written: the next item starts it again
+	}
 	f.lim.noteErr(err) // before counting, so that a report sees it
 	f.writeErrors.Add(1)
 	f.dropped.Add(uint64(n))
 	f.lim.report(f, false)
+	return buf
 }
 
 // lose counts a batch of n records that went, or would have gone, to a
@@ -530,6 +585,7 @@ func (f *File) reopen() error {
 		f.log.Warn("records file: closing the old file", "path", f.path, "error", err)
 	}
 	f.f, f.off, f.trunc, f.lost = h, off, -1, false
+	f.gen++
 	if f.openFails {
 		f.openFails = false
 		f.log.Info("records file: reopened after failures", "path", f.path)
