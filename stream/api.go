@@ -199,6 +199,12 @@ type Request struct {
 	// API declares neither, and no check applies to it.
 	Declares    func(member func(key string) []byte) Declared
 	DeclareKeys []string
+	// Prompt names the top-level members that make up the request's
+	// prompt, in the order the engine's prompt puts them (tools, the
+	// system prompt, then the conversation): the workload capture hashes
+	// them in blocks to find shared prefixes (docs/capture.md); nil: the
+	// API has no prompt the capture reads.
+	Prompt []string
 }
 
 // SamplingNames are the names of temperature, top_p and seed in the
@@ -259,24 +265,27 @@ var (
 	APIChat = &API{Name: NameChat, Format: FormatOpenAI, Operation: OpChat,
 		Routes: []Route{{Path: "/chat/completions"}},
 		Request: Request{MaxTokens: openAIMaxTokens, UsageOption: true,
-			Declares: declaresOpenAI, DeclareKeys: []string{"tools", "response_format"}},
+			Declares: declaresOpenAI, DeclareKeys: []string{"tools", "response_format"},
+			Prompt: []string{"tools", "messages"}},
 		Probe:      openAIProbe("/v1/chat/completions", true),
 		SpanRoutes: []string{"/v1/chat/completions", "/chat/completions"},
 		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"}}
 	APICompletions = &API{Name: NameCompletions, Format: FormatOpenAI, Operation: OpTextCompletion,
 		Routes:     []Route{{Path: "/completions"}},
-		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true},
+		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true, Prompt: []string{"prompt"}},
 		Probe:      openAIProbe("/v1/completions", false),
 		SpanRoutes: []string{"/v1/completions", "/completions"}}
 	APIResponses = &API{Name: NameResponses, Format: FormatResponses, Operation: OpChat,
-		Routes:  []Route{{Path: "/v1/responses"}, {Path: "/responses", Exact: true}},
-		Request: Request{MaxTokens: []string{"max_output_tokens"}, Declares: declaresResponses, DeclareKeys: []string{"tools", "text"}},
+		Routes: []Route{{Path: "/v1/responses"}, {Path: "/responses", Exact: true}},
+		Request: Request{MaxTokens: []string{"max_output_tokens"}, Declares: declaresResponses, DeclareKeys: []string{"tools", "text"},
+			Prompt: []string{"tools", "instructions", "input"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/responses", map[string]any{"model": p.Model, "input": p.Prompt, "max_output_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		}}
 	APIMessages = &API{Name: NameMessages, Format: FormatMessages, Operation: OpChat,
-		Routes:  []Route{{Path: "/v1/messages"}, {Path: "/messages", Exact: true}},
-		Request: Request{MaxTokens: openAIMaxTokens, Declares: declaresMessages, DeclareKeys: []string{"tools"}},
+		Routes: []Route{{Path: "/v1/messages"}, {Path: "/messages", Exact: true}},
+		Request: Request{MaxTokens: openAIMaxTokens, Declares: declaresMessages, DeclareKeys: []string{"tools"},
+			Prompt: []string{"tools", "system", "messages"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/messages", map[string]any{"model": p.Model, "messages": chatMessages(p.Prompt), "max_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		},
@@ -284,18 +293,21 @@ var (
 	APIOllamaChat = &API{Name: NameOllamaChat, Format: FormatOllama, Operation: OpChat,
 		Routes: []Route{{Path: "/api/chat"}},
 		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
-			Declares: declaresOllama, DeclareKeys: []string{"tools", "format"}},
+			Declares: declaresOllama, DeclareKeys: []string{"tools", "format"},
+			Prompt: []string{"tools", "messages"}},
 		Probe: ollamaProbe("/api/chat", true)}
 	APIOllamaGenerate = &API{Name: NameOllamaGenerate, Format: FormatOllama, Operation: OpTextCompletion,
 		Routes: []Route{{Path: "/api/generate"}},
 		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
-			Declares: declaresOllama, DeclareKeys: []string{"format"}},
+			Declares: declaresOllama, DeclareKeys: []string{"format"},
+			Prompt: []string{"system", "prompt"}},
 		Probe: ollamaProbe("/api/generate", false)}
 	// APITGIGenerate: /generate is TGI's native route only on TGI (SGLang
 	// has another /generate).
 	APITGIGenerate = &API{Name: NameTGIGenerate, Format: FormatTGI, Operation: OpTextCompletion, Engine: EngineTGI,
-		Routes:  []Route{{Path: "/generate_stream"}, {Path: "/generate", Exact: true, Engine: EngineTGI}},
-		Request: Request{StreamRoute: "/generate_stream", MaxTokens: []string{"parameters.max_new_tokens"}, Sampling: "parameters"},
+		Routes: []Route{{Path: "/generate_stream"}, {Path: "/generate", Exact: true, Engine: EngineTGI}},
+		Request: Request{StreamRoute: "/generate_stream", MaxTokens: []string{"parameters.max_new_tokens"}, Sampling: "parameters",
+			Prompt: []string{"inputs"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			params := map[string]any{"max_new_tokens": p.MaxTokens, "seed": p.Seed, "details": true}
 			if p.Temperature > 0 { // TGI refuses temperature 0: greedy is its default
@@ -313,7 +325,7 @@ var (
 	// all the same (ParseOpenAI hands it over).
 	APILlamaCppCompletion = &API{Name: NameLlamaCppCompletion, Format: FormatLlamaCpp, Operation: OpTextCompletion, Engine: EngineLlamaCpp,
 		Routes:  []Route{{Path: "/completions", Exact: true, Engine: EngineLlamaCpp}, {Path: "/completion", Exact: true}},
-		Request: Request{MaxTokens: []string{"n_predict", "max_completion_tokens", "max_tokens"}},
+		Request: Request{MaxTokens: []string{"n_predict", "max_completion_tokens", "max_tokens"}, Prompt: []string{"prompt"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/completion", map[string]any{"prompt": p.Prompt, "n_predict": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed, "stream": p.Stream}
 		}}

@@ -29,7 +29,8 @@ var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
 	Routes: []Route{{Path: ":streamGenerateContent"}, {Path: ":generateContent"}},
 	Request: Request{StreamRoute: ":streamGenerateContent", MaxTokens: []string{"generationConfig.maxOutputTokens"},
 		Sampling: "generationConfig", SamplingKeys: [3]string{"temperature", "topP", "seed"}, ModelFromPath: geminiModel,
-		Declares: declaresGemini, DeclareKeys: []string{"tools", "generationConfig"}},
+		Declares: declaresGemini, DeclareKeys: []string{"tools", "generationConfig"},
+		Prompt: []string{"tools", "systemInstruction", "system_instruction", "contents"}},
 	Probe: func(p ProbeParams) (string, map[string]any) {
 		path := "/v1beta/models/" + strings.TrimPrefix(p.Model, "models/") + ":generateContent"
 		if p.Stream {

@@ -57,4 +57,13 @@ type Meta struct {
 	// SLO maps each SLO whose scope held the request to its verdict
 	// ("met" or "missed").
 	SLO map[string]string `json:"slo,omitempty"`
+	// HashIDsFrom says what the hash_ids were computed from: "prompt"
+	// (the whole prompt), "partial" (the prompt members complete within
+	// the peek; the ids past them are the request's own) or "none" (no
+	// prompt was read: every id is the request's own). "" on lines that
+	// do not say (public traces).
+	HashIDsFrom string `json:"hash_ids_from,omitempty"`
+	// BlockSize is the tokens per hash id the capture used; 0 when the
+	// line does not say.
+	BlockSize int64 `json:"block_size,omitempty"`
 }
