@@ -297,7 +297,8 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.trend = newTrend(cfg, load, waiting)
 	var livePage *live.Page
 	if cfg.Live.Enabled {
-		livePage = live.New(live.Options{Requests: cfg.Live.Requests, Trend: s.trend, StallThreshold: judge.Config().StallThreshold, Synthetic: synthetic})
+		livePage = live.New(live.Options{Requests: cfg.Live.Requests, Trend: s.trend, StallThreshold: judge.Config().StallThreshold, Synthetic: synthetic,
+			Registry: metrics.Registry})
 		sinks = append(sinks, livePage)
 	}
 	prices := exporter.Prices{Currency: cfg.Cost.Currency, PerHour: cfg.Cost.Hourly(), EnergyPerKWh: cfg.Cost.EnergyPerKWh}

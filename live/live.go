@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/slo"
 )
@@ -32,6 +34,12 @@ const (
 	DefaultRequests = 100
 	MaxRequests     = 1000
 )
+
+// MaxConcurrentPolls bounds the /live/data answers being made at once
+// (each encodes up to MaxRequests records): a poll beyond them gets a
+// 503 with Retry-After, counted as busy. An open page polls every 2 s,
+// one poll at a time.
+const MaxConcurrentPolls = 4
 
 // Options configure the live page.
 type Options struct {
@@ -49,12 +57,17 @@ type Options struct {
 	Synthetic string
 	// Clock is the time source; nil means time.Now.
 	Clock func() time.Time
+	// Registry receives tokentap_live_polls_total; nil: not exported.
+	Registry prometheus.Registerer
 }
 
 // Page is the live page: a record sink and its HTTP handler.
 type Page struct {
 	o      Options
 	static http.Handler
+	polls  chan struct{} // MaxConcurrentPolls slots
+	// counted counts the /live/data polls by result (docs/metrics.md).
+	counted *prometheus.CounterVec
 
 	mu   sync.Mutex
 	ring []*record.Record // the last len(ring) records, ring[next] the oldest once full
@@ -76,7 +89,18 @@ func New(o Options) *Page {
 		o.Clock = time.Now
 	}
 	sub, _ := fs.Sub(static, "static")
-	return &Page{o: o, ring: make([]*record.Record, o.Requests), static: http.StripPrefix("/live/static/", http.FileServerFS(sub))}
+	p := &Page{o: o, ring: make([]*record.Record, o.Requests), static: http.StripPrefix("/live/static/", http.FileServerFS(sub)),
+		polls: make(chan struct{}, MaxConcurrentPolls),
+		counted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_live_polls_total",
+			Help: "Polls of the live page's data (/live/data) by result: served (records encoded), unchanged (nothing new since the caller's last poll), busy (refused with a 503: MaxConcurrentPolls answers were being made), bad_request (a query parameter out of bounds)."},
+			[]string{"result"})}
+	for _, r := range []string{"served", "unchanged", "busy", "bad_request"} {
+		p.counted.WithLabelValues(r)
+	}
+	if o.Registry != nil {
+		o.Registry.MustRegister(p.counted)
+	}
+	return p
 }
 
 // Write keeps a finished record (record.Sink): one pointer stored under
@@ -142,11 +166,21 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
+	select {
+	case p.polls <- struct{}{}:
+		defer func() { <-p.polls }()
+	default:
+		p.counted.WithLabelValues("busy").Inc()
+		w.Header().Set("Retry-After", "2")
+		http.Error(w, "busy: too many polls of /live/data at once", http.StatusServiceUnavailable)
+		return
+	}
 	q := r.URL.Query()
 	n := len(p.ring)
 	if s := q.Get("n"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 1 || v > len(p.ring) {
+			p.counted.WithLabelValues("bad_request").Inc()
 			http.Error(w, "n: a count of records from 1 to "+strconv.Itoa(len(p.ring)), http.StatusBadRequest)
 			return
 		}
@@ -157,6 +191,7 @@ func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
 	if s := q.Get("since"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
+			p.counted.WithLabelValues("bad_request").Inc()
 			http.Error(w, "since: the seq of a previous poll", http.StatusBadRequest)
 			return
 		}
@@ -167,7 +202,9 @@ func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
 		Synthetic: p.o.Synthetic, Records: []json.RawMessage{}}
 	if hasSince && since == seq {
 		d.Unchanged = true
+		p.counted.WithLabelValues("unchanged").Inc()
 	} else {
+		p.counted.WithLabelValues("served").Inc()
 		for _, rec := range recs {
 			b, err := rec.MarshalJSON()
 			if err == nil {

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -90,6 +93,61 @@ func TestDataQueryBounds(t *testing.T) {
 	if New(Options{Requests: 1 << 20}).o.Requests != MaxRequests || New(Options{}).o.Requests != DefaultRequests {
 		t.Error("Requests is not bounded to MaxRequests, or 0 does not mean the default")
 	}
+}
+
+// At most MaxConcurrentPolls answers are made at once; a poll beyond
+// them gets a 503 at once, and every poll is counted by its result.
+func TestPollsBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p := New(Options{Requests: 4, Registry: reg})
+	p.Write(rec(0, time.Unix(1000, 0)))
+	for range MaxConcurrentPolls {
+		p.polls <- struct{}{} // answers being made
+	}
+	code, _ := get(t, p, "/live/data")
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("a poll beyond %d at once: HTTP %d, want 503", MaxConcurrentPolls, code)
+	}
+	<-p.polls
+	get(t, p, "/live/data")
+	get(t, p, "/live/data?since=1")
+	get(t, p, "/live/data?n=5")
+	for result, want := range map[string]float64{"busy": 1, "served": 1, "unchanged": 1, "bad_request": 1} {
+		if got := testutil.ToFloat64(p.counted.WithLabelValues(result)); got != want {
+			t.Errorf("tokentap_live_polls_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+	if n, err := testutil.GatherAndCount(reg, "tokentap_live_polls_total"); err != nil || n != 4 {
+		t.Errorf("%d series of tokentap_live_polls_total registered (%v), want 4", n, err)
+	}
+}
+
+// FuzzDataQuery: any query string gets a 200 or a 400, never a panic,
+// and a 200 is JSON with at most the records asked for.
+func FuzzDataQuery(f *testing.F) {
+	for _, q := range []string{"", "n=1", "n=3&since=2", "since=18446744073709551615", "n=%ff", "n=1&n=2", "since=-0"} {
+		f.Add(q)
+	}
+	p := New(Options{Requests: 3})
+	for i := range 5 {
+		p.Write(rec(i, time.Unix(1000, 0)))
+	}
+	f.Fuzz(func(t *testing.T, q string) {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodGet, "/live/data", nil)
+		r.URL.RawQuery = q
+		p.ServeHTTP(w, r)
+		switch w.Code {
+		case http.StatusBadRequest:
+		case http.StatusOK:
+			var d Data
+			if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil || len(d.Records) > 3 {
+				t.Fatalf("?%s: %v, %d records", q, err, len(d.Records))
+			}
+		default:
+			t.Fatalf("?%s: HTTP %d", q, w.Code)
+		}
+	})
 }
 
 // The page and its files are embedded and served; nothing refers to
