@@ -80,3 +80,19 @@ func TestTrendResolution(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTrendAdd is the trend's cost per finished request: a
+// streamed record of 64 token events judged against one SLO.
+func BenchmarkTrendAdd(b *testing.B) {
+	at := make([]int, 64)
+	for i := range at {
+		at[i] = 100 + 20*i
+	}
+	r := rec(record.Success, 64, at...)
+	r.SLO = []record.Verdict{{Name: "chat", Qualified: true}}
+	tr := NewTrend(Config{Objectives: []Objective{{Name: "chat", Target: 0.9}}}, TrendOptions{})
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Add(r)
+	}
+}
