@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tokentap/tokentap/capture"
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/egress"
 	"github.com/tokentap/tokentap/engine"
@@ -143,6 +144,7 @@ type Sidecar struct {
 	metrics *exporter.Metrics
 	up      *upstream.Upstream // health, engine kind, models: every poll of the engine
 	records *record.File
+	capture *capture.Capture // nil when capture.file is not set
 	sampler *gpu.Sampler
 	engine  *engine.Scraper // nil when engine.enabled is off
 	proxy   *proxy.Proxy
@@ -249,6 +251,11 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		sinks = append(sinks, s.records)
 	}
 
+	// The workload capture (docs/capture.md): off unless capture.file.
+	if err = s.openCapture(metrics.Registry); err != nil {
+		return nil, err
+	}
+
 	// GPU energy: on when NVML works (or when asked), else off, said once.
 	s.sampler = s.openEnergy(ctx, metrics)
 
@@ -311,6 +318,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	pipe := pipeline.New(pipeline.Options{
 		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
 		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
+		Capture: s.capture,
 	})
 
 	// The proxy, and the probes that send canary requests through the
@@ -548,6 +556,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	hup := &hangups{log: log, clock: time.Now, path: cfg.Records}
+	hupCapture := &hangups{log: log, clock: time.Now, path: cfg.Capture.File, what: "capture file"}
 	var runErr error
 wait:
 	for {
@@ -560,6 +569,9 @@ wait:
 		case <-s.env.Hangup:
 			if s.records != nil {
 				hup.reopened(s.records.Reopen()) // every time; logged at most once a second
+			}
+			if s.capture != nil {
+				hupCapture.reopened(s.capture.Reopen())
 			}
 		}
 	}
@@ -607,6 +619,7 @@ wait:
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone
 	s.closeRecords(10 * time.Second)
+	s.closeCapture(10 * time.Second)
 	s.adminSrv.Close()
 	if errors.Is(runErr, http.ErrServerClosed) {
 		runErr = nil
@@ -626,6 +639,54 @@ func (s *Sidecar) closeRecords(within time.Duration) {
 	defer cancel()
 	if err := s.records.Close(ctx); err != nil {
 		s.log.Error("closing the records file", "path", s.cfg.Records, "err", err)
+	}
+}
+
+// openCapture starts the workload capture when capture.file is set, and
+// exports its counters (docs/metrics.md, "Capture").
+func (s *Sidecar) openCapture(reg prometheus.Registerer) error {
+	c := s.cfg.Capture
+	if c.File == "" {
+		return nil
+	}
+	secret, err := capture.LoadSecret(c.Secret())
+	if err != nil {
+		return err
+	}
+	s.capture, err = capture.Open(capture.Options{Path: c.File, Secret: secret, BlockTokens: c.BlockSize, BytesPerToken: c.BytesPerToken,
+		SessionHeader: c.SessionHeader, NoMeta: c.Meta == "none", Queue: c.Queue, Hold: c.Hold, MaxIDs: c.MaxIDs, Settle: c.Settle, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	s.defer_(func() { s.closeCapture(5 * time.Second) })
+	st := func(name, help string, v func(capture.Stats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return v(s.capture.Stats()) })
+	}
+	reg.MustRegister(
+		st("tokentap_capture_lines_written_total", "Workload capture lines written whole to the capture file.", func(x capture.Stats) float64 { return float64(x.Written) }),
+		st("tokentap_capture_write_errors_total", "Failed writes to the capture file (full disk, I/O error, deleted file).", func(x capture.Stats) float64 { return float64(x.WriteErrors) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_capture_dropped_total", Help: "Finished live requests whose capture line was not written, by reason: file (queue full, write failed, file deleted, after shutdown) or late (a later arrival was written already).", ConstLabels: prometheus.Labels{"reason": "file"}},
+			func() float64 { return float64(s.capture.Stats().FileDropped) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_capture_dropped_total", Help: "Finished live requests whose capture line was not written, by reason: file (queue full, write failed, file deleted, after shutdown) or late (a later arrival was written already).", ConstLabels: prometheus.Labels{"reason": "late"}},
+			func() float64 { return float64(s.capture.Stats().Late) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_capture_held", Help: "Finished requests whose capture line waits for an earlier arrival to finish."},
+			func() float64 { return float64(s.capture.Stats().Held) }),
+		st("tokentap_capture_id_table_turns_total", "Times a generation of the capture's block-id table was full and the older one forgotten (sharing with lines before is then lost).", func(x capture.Stats) float64 { return float64(x.TableTurns) }),
+	)
+	s.log.Info("workload capture on", "file", c.File, "secret_file", c.Secret())
+	return nil
+}
+
+// closeCapture writes the held lines, drains and closes the capture
+// file (once).
+func (s *Sidecar) closeCapture(within time.Duration) {
+	if s.capture == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := s.capture.Close(ctx); err != nil {
+		s.log.Error("closing the capture file", "path", s.cfg.Capture.File, "err", err)
 	}
 }
 

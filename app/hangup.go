@@ -17,6 +17,7 @@ type hangups struct {
 	log    *slog.Logger
 	clock  func() time.Time
 	path   string
+	what   string    // what is reopened; "" means "records file"
 	next   time.Time // no line before
 	n      int       // signals since the last line
 	failed int       // of which reopens failed
@@ -33,10 +34,14 @@ func (h *hangups) reopened(err error) {
 	if now.Before(h.next) {
 		return
 	}
+	what := h.what
+	if what == "" {
+		what = "records file"
+	}
 	if h.failed > 0 {
-		h.log.Error("SIGHUP: reopening the records file", "path", h.path, "signals", h.n, "failed", h.failed, "err", h.err)
+		h.log.Error("SIGHUP: reopening the "+what, "path", h.path, "signals", h.n, "failed", h.failed, "err", h.err)
 	} else {
-		h.log.Info("SIGHUP: records file reopened", "path", h.path, "signals", h.n)
+		h.log.Info("SIGHUP: "+what+" reopened", "path", h.path, "signals", h.n)
 	}
 	h.n, h.failed, h.err, h.next = 0, 0, nil, now.Add(hangupLogEvery)
 }

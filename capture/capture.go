@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -264,10 +265,26 @@ type Entry struct {
 	idx int   // in c.inflight; -1 once removed
 }
 
-// Begin tracks a live request from its start; nil (nothing to do) for a
+// Begin is Track as the pipeline's stage (pipeline.Capture): rec has its
+// arrival and API; body is the request body, or the peek's prefix of it
+// when partial; h its headers, for Options.SessionHeader.
+func (c *Capture) Begin(rec *record.Record, body []byte, partial bool, h http.Header) interface {
+	End(rec *record.Record, model string)
+} {
+	r := Request{Arrive: rec.Arrive, API: rec.API, Body: body, Partial: partial}
+	if c != nil && c.o.SessionHeader != "" && h != nil {
+		r.Session = h.Get(c.o.SessionHeader)
+	}
+	if e := c.Track(r); e != nil {
+		return e
+	}
+	return nil
+}
+
+// Track tracks a live request from its start; nil (nothing to do) for a
 // nil Capture or an API without a prompt the capture reads (upgrade,
 // other). The caller calls End once it has ended.
-func (c *Capture) Begin(r Request) *Entry {
+func (c *Capture) Track(r Request) *Entry {
 	if c == nil {
 		return nil
 	}

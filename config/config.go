@@ -92,6 +92,9 @@ type Config struct {
 	Live Live `yaml:"live"`
 	// Demo configures the first run's demonstration (docs/live.md).
 	Demo Demo `yaml:"demo"`
+	// Capture writes the workload trace (docs/capture.md); off unless
+	// capture.file (--capture) is set.
+	Capture Capture `yaml:"capture"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -343,6 +346,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	c.Egress.bind(fs)
 	c.Live.bind(fs)
 	c.Demo.bind(fs)
+	c.Capture.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -418,6 +422,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Live.Validate()...)
 	errs = append(errs, c.Demo.Validate()...)
 	errs = append(errs, c.Egress.Validate()...)
+	errs = append(errs, c.Capture.Validate()...)
 	return errs
 }
 

@@ -8,6 +8,7 @@
 //	  2. canary check                   (probe: quality check, rec.Probe)
 //	  3. SLO verdict                    (slo.Judge: classes, stalls, verdicts)
 //	     engine signals                 (engine.Scraper: preemptions during, stall cause)
+//	     workload capture               (capture.Capture: the trace line, live traffic only)
 //	  4. energy hold                    (gpu.Sampler: energy fields; waits ≤ one interval)
 //	  5. spans end                      (tracing: attributes from the record)
 //	  6. metric backends                (exporter.Map → Prometheus, OTLP; /slo book)
@@ -67,6 +68,25 @@ type Options struct {
 	Scorecard Tally
 	// Sinks receive every record last (stage 7).
 	Sinks []record.Sink
+	// Capture writes the workload trace, after the verdict (stage 3);
+	// nil: capture off.
+	Capture Capture
+}
+
+// Capture writes one trace line per finished live request
+// (capture.Capture, docs/capture.md).
+type Capture interface {
+	// Begin tracks a live request from its start: body is its request
+	// body, or the peek's prefix of it when partial, kept to be hashed
+	// when the request ends; h its headers (the session header). nil:
+	// the request is not captured.
+	Begin(rec *record.Record, body []byte, partial bool, h http.Header) CaptureEntry
+}
+
+// CaptureEntry is one captured request: End writes its line from the
+// finished record, under the bounded model label.
+type CaptureEntry = interface {
+	End(rec *record.Record, model string)
 }
 
 // Models bounds the model label (exporter.ModelLabels).
@@ -181,6 +201,7 @@ func New(o Options) *Pipeline {
 	unset(&o.Book)
 	unset(&o.Load)
 	unset(&o.Scorecard)
+	unset(&o.Capture)
 	if o.Live == nil {
 		o.Live = record.Nop{}
 	}
@@ -213,6 +234,10 @@ type Start struct {
 	PromptTokens int64
 	// Check, if set, is the canary probe's end-of-request check (stage 2).
 	Check func(*record.Record)
+	// Prompt is the request body for the workload capture (the peek's
+	// prefix when PromptPartial), set only when CapturingWorkload.
+	Prompt        []byte
+	PromptPartial bool
 }
 
 // Request is one request in flight: the per-event calls the tap makes,
@@ -227,6 +252,7 @@ type Request struct {
 	load   LoadSpan
 	spans  Spans
 	check  func(*record.Record)
+	cap    CaptureEntry
 	ended  bool
 }
 
@@ -245,8 +271,19 @@ func (p *Pipeline) Begin(ctx context.Context, rec *record.Record, s Start) (cont
 	if s.HTTP != nil && p.o.Tracer != nil {
 		ctx, q.spans = p.o.Tracer.Start(ctx, s.HTTP, rec, s.Upstream, s.Params, s.Body)
 	}
+	if p.o.Capture != nil && k.Traffic == "live" && k.Probe == "" {
+		var h http.Header
+		if s.HTTP != nil {
+			h = s.HTTP.Header
+		}
+		q.cap = p.o.Capture.Begin(rec, s.Prompt, s.PromptPartial, h)
+	}
 	return ctx, q
 }
+
+// CapturingWorkload reports whether the workload capture is on: Start's
+// Prompt is then wanted.
+func (p *Pipeline) CapturingWorkload() bool { return p.o.Capture != nil }
 
 // Inject writes the request's trace context into the upstream headers.
 func (p *Pipeline) Inject(ctx context.Context, h http.Header) {
@@ -335,6 +372,12 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 			th = p.o.Judge.StallThreshold()
 		}
 		rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
+	}
+	// The workload capture: the request's trace line (its prompt hashed
+	// now, off the token path).
+	if q.cap != nil {
+		q.cap.End(rec, q.key.Model)
+		q.cap = nil
 	}
 	// 4. Energy: held until the interval the request ended in is
 	// attributed; the rest continues then, on the sampler's publisher.

@@ -32,7 +32,9 @@ type requestInfo struct {
 	// Declared is what the body declares for the structure checks (its
 	// tools, a JSON output), read only when they are on (peek's declare)
 	// and the body was read whole; its schemas alias the body.
-	Declared stream.Declared
+	Declared stream.Declared // Prefix is the peeked prefix of a body longer than the peek
+	// (ReadPartial), for the workload capture; nil otherwise.
+	Prefix []byte
 }
 
 // The values of requestInfo.Read and record.Record.RequestRead.
@@ -284,7 +286,7 @@ func peek(body io.ReadCloser, api record.API, path string, limit int, size int64
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(buf), body), body}
 	in := f.info(api, false, path)
-	in.Read = ReadPartial
+	in.Read, in.Prefix = ReadPartial, buf[:limit]
 	return in, nil, rest, nil
 }
 

@@ -406,6 +406,13 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 	if p.opts.Pipeline.Capturing() {
 		start.Body = whole
 	}
+	if p.opts.Pipeline.CapturingWorkload() {
+		start.Prompt, start.PromptPartial = whole, !info.Whole
+		if whole == nil {
+			start.Prompt = info.Prefix
+		}
+	}
+	st.info.Prefix = nil // held by the capture alone, when on
 	if rewritten != nil {
 		st.injected = true
 		rec.UsageInjected = true

@@ -1,0 +1,119 @@
+package config
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Capture is the workload capture section (docs/capture.md): one
+// Mooncake trace line per finished live request, without text.
+//
+// The zero value is off. With a file set, the zero value of every other
+// field means its default: the secret in .tokentap-capture.key beside
+// the file, 512-token blocks of 4 bytes a token, no session id,
+// tokentap's fields on the line, a queue of 4096 lines, a hold of 16384,
+// 2 × 131072 remembered block ids and a 5 s settle.
+type Capture struct {
+	// File is the trace file; empty: capture off.
+	File string `yaml:"file"`
+	// SecretFile holds the key of the prompt digests (hex, mode 0600),
+	// generated there when missing; empty: .tokentap-capture.key in the
+	// trace's directory.
+	SecretFile string `yaml:"secret_file"`
+	// BlockSize is the tokens per hash id (AIPerf's --isl-block-size,
+	// GuideLLM's hash_id_block_size).
+	BlockSize int `yaml:"block_size"`
+	// BytesPerToken maps token blocks to bytes of the prompt.
+	BytesPerToken float64 `yaml:"bytes_per_token"`
+	// SessionHeader is the request header naming the conversation;
+	// empty: no session_id.
+	SessionHeader string `yaml:"session_header"`
+	// Meta is "inline" (tokentap's fields in a "tokentap" member of each
+	// line) or "none" (the Mooncake keys alone).
+	Meta string `yaml:"meta"`
+	// Queue bounds the lines waiting for the writer; Hold the finished
+	// requests waiting for earlier arrivals; MaxIDs each generation of
+	// the id table.
+	Queue  int `yaml:"queue"`
+	Hold   int `yaml:"hold"`
+	MaxIDs int `yaml:"max_ids"`
+	// Settle is how long a finished request waits, at least, for one
+	// that arrived before it and whose body is still being read.
+	Settle time.Duration `yaml:"settle"`
+}
+
+// Secret returns the secret file's path: SecretFile, or its default
+// beside File.
+func (c Capture) Secret() string {
+	if c.SecretFile != "" {
+		return c.SecretFile
+	}
+	return filepath.Join(filepath.Dir(c.File), ".tokentap-capture.key")
+}
+
+func (c *Capture) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.File, "capture", c.File, "workload capture: write one Mooncake trace line per finished live request to this file (empty: off; docs/capture.md)")
+	fs.StringVar(&c.SessionHeader, "capture.session-header", c.SessionHeader, "workload capture: request header naming the conversation (empty: no session_id)")
+}
+
+// Validate returns one error per problem.
+func (c Capture) Validate() []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.File == "" {
+		if c != (Capture{}) {
+			bad("capture: settings given but capture.file (--capture) is empty: the capture is off")
+		}
+		return errs
+	}
+	for _, p := range []struct{ name, path string }{{"capture.file", c.File}, {"capture.secret_file", c.Secret()}} {
+		if st, err := os.Stat(filepath.Dir(p.path)); err != nil || !st.IsDir() {
+			bad("%s: directory of %q does not exist", p.name, p.path)
+		}
+	}
+	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
+		bad("capture.block_size: must be 1 to %d tokens (0: 512), got %d", 1<<20, c.BlockSize)
+	}
+	if c.BytesPerToken < 0 || c.BytesPerToken > 64 {
+		bad("capture.bytes_per_token: must be above 0 and at most 64 (0: 4), got %v", c.BytesPerToken)
+	}
+	if c.SessionHeader != "" && !validHeaderName(c.SessionHeader) {
+		bad("capture.session_header: %q is not a header name", c.SessionHeader)
+	}
+	switch http.CanonicalHeaderKey(c.SessionHeader) {
+	case "Authorization", "Proxy-Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key", "Cookie":
+		bad("capture.session_header: %q carries credentials; name the conversation header instead", c.SessionHeader)
+	}
+	switch c.Meta {
+	case "", "inline", "none":
+	default:
+		bad("capture.meta: must be inline or none, got %q", c.Meta)
+	}
+	if c.Queue < 0 || c.Hold < 0 || c.MaxIDs < 0 {
+		bad("capture.queue, capture.hold, capture.max_ids: must not be negative (0: the default)")
+	}
+	if c.Queue > 1<<20 || c.Hold > 1<<20 || c.MaxIDs > 1<<24 {
+		bad("capture.queue and capture.hold: at most %d; capture.max_ids: at most %d (they bound memory)", 1<<20, 1<<24)
+	}
+	if c.Settle < 0 || c.Settle > 10*time.Minute {
+		bad("capture.settle: must be 0 to 10m, got %v", c.Settle)
+	}
+	return errs
+}
+
+// validHeaderName reports whether s is an HTTP header field name.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r > 127 || r <= ' ' || r == ':' || r == '(' || r == ')' || r == '"' || r == ',' || r == '/' || r == ';' || r == '<' || r == '>' || r == '=' || r == '?' || r == '@' || r == '[' || r == ']' || r == '\\' || r == '{' || r == '}' {
+			return false
+		}
+	}
+	return true
+}
