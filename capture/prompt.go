@@ -38,15 +38,15 @@ func canonical(body []byte, names []string, w func(p []byte)) int {
 			}
 		}
 	})
-	var sep = [1]byte{0}
+	sep := unsafeBytes("\x00")
 	for i, n := range names {
 		if i >= maxPromptMembers || spans[i][1] == 0 {
 			continue
 		}
 		w(unsafeBytes(n))
-		w(sep[:])
+		w(sep)
 		compact(body[spans[i][0]:spans[i][1]], w)
-		w(sep[:])
+		w(sep)
 	}
 	return found
 }
@@ -100,6 +100,8 @@ type chain struct {
 	fill    int // bytes of the current block written
 	prev    [sha256.Size]byte
 	sum     [sha256.Size]byte
+	tag     [5]byte // derive's
+	last    digest  // ids': the previous block's id
 	digests []digest
 }
 
@@ -150,10 +152,9 @@ func (c *chain) finish() {
 func (c *chain) derive(prev []byte, tag byte, n uint32, nonce []byte) digest {
 	c.mac.Reset()
 	c.mac.Write(prev)
-	var b [5]byte
-	b[0] = tag
-	binary.BigEndian.PutUint32(b[1:], n)
-	c.mac.Write(b[:])
+	c.tag[0] = tag
+	binary.BigEndian.PutUint32(c.tag[1:], n)
+	c.mac.Write(c.tag[:])
 	c.mac.Write(nonce)
 	c.mac.Sum(c.sum[:0])
 	return digest(c.sum[:digestBytes])
@@ -168,19 +169,19 @@ func (c *chain) derive(prev []byte, tag byte, n uint32, nonce []byte) digest {
 // partial block is another block than the full one it starts).
 func (c *chain) ids(dst []byte, inputLength int64, blockTokens int64, nonce []byte) []byte {
 	n := (inputLength + blockTokens - 1) / blockTokens
-	prev := digest(c.prev[:digestBytes])
+	c.last = digest(c.prev[:digestBytes])
 	for i := range n {
-		var d digest
 		if i < int64(len(c.digests)) {
-			d = c.digests[i]
+			c.last = c.digests[i]
 		} else {
-			d = c.derive(prev[:], 'p', uint32(i), nonce)
+			c.last = c.derive(c.last[:], 'p', uint32(i), nonce)
 		}
-		prev = d
 		if i == n-1 && inputLength%blockTokens != 0 {
-			d = c.derive(d[:], 'l', uint32(inputLength%blockTokens), nil)
+			d := c.derive(c.last[:], 'l', uint32(inputLength%blockTokens), nil)
+			dst = append(dst, d[:]...)
+			continue
 		}
-		dst = append(dst, d[:]...)
+		dst = append(dst, c.last[:]...)
 	}
 	return dst
 }
