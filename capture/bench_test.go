@@ -1,0 +1,117 @@
+package capture_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokentap/tokentap/capture"
+	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/proxy"
+	"github.com/tokentap/tokentap/record"
+)
+
+// canned answers every request at once with the same 64-token stream
+// and its usage.
+type canned struct{ body []byte }
+
+func (c canned) RoundTrip(r *http.Request) (*http.Response, error) {
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		Body: io.NopCloser(bytes.NewReader(c.body)), Request: r}, nil
+}
+
+func cannedStream(tokens int) []byte {
+	var b strings.Builder
+	for range tokens {
+		b.WriteString(`data: {"id":"x","object":"chat.completion.chunk","model":"m1","choices":[{"index":0,"delta":{"content":" tok"}}]}` + "\n\n")
+	}
+	fmt.Fprintf(&b, `data: {"id":"x","object":"chat.completion.chunk","model":"m1","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n", 1000, tokens, 1000+tokens)
+	b.WriteString("data: [DONE]\n\n")
+	return []byte(b.String())
+}
+
+// BenchmarkRequest is the capture's cost per request (docs/performance.md,
+// "Workload capture"): one whole streamed request (64 tokens) through the
+// proxy and the pipeline, with the capture off (the baseline) and on, for
+// a 2 KiB and a 32 KiB prompt, in the same run.
+func BenchmarkRequest(b *testing.B) {
+	for _, size := range []int{2 << 10, 32 << 10} {
+		msgs := []map[string]string{{"role": "system", "content": strings.Repeat("be brief. ", size/20)}, {"role": "user", "content": strings.Repeat("what now? ", size/20)}}
+		body, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+		for _, on := range []bool{false, true} {
+			name := fmt.Sprintf("prompt=%dKiB/capture=off", size>>10)
+			if on {
+				name = fmt.Sprintf("prompt=%dKiB/capture=on", size>>10)
+			}
+			b.Run(name, func(b *testing.B) {
+				var c *capture.Capture
+				if on {
+					var err error
+					c, err = capture.Open(capture.Options{Path: filepath.Join(b.TempDir(), "c.jsonl"), Secret: bytes.Repeat([]byte{3}, 32)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.Close(context.Background())
+				}
+				opts := pipeline.Options{}
+				if c != nil {
+					opts.Capture = c
+				}
+				up, _ := url.Parse("http://engine.invalid")
+				p, err := proxy.New(proxy.Options{Upstream: up, Transport: canned{cannedStream(64)}, Pipeline: pipeline.New(opts)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+					w := httptest.NewRecorder()
+					p.ServeHTTP(w, r)
+				}
+				if c != nil {
+					c.Close(context.Background())
+					if st := c.Stats(); st.Written+st.FileDropped == 0 {
+						b.Fatal("nothing captured")
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkEnd is the capture's own work at the end of one request, on
+// the request's goroutine: the canonical prompt scanned and hashed, the
+// line's item built and queued (the writer's encoding is off this
+// goroutine).
+func BenchmarkEnd(b *testing.B) {
+	for _, size := range []int{2 << 10, 32 << 10} {
+		b.Run(fmt.Sprintf("prompt=%dKiB", size>>10), func(b *testing.B) {
+			msgs := []map[string]string{{"role": "system", "content": strings.Repeat("be brief. ", size/20)}, {"role": "user", "content": strings.Repeat("what now? ", size/20)}}
+			body, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs})
+			c, err := capture.Open(capture.Options{Path: filepath.Join(b.TempDir(), "c.jsonl"), Secret: bytes.Repeat([]byte{3}, 32)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			rec := record.New(0)
+			rec.API, rec.Outcome, rec.InputTokens, rec.OutputTokens, rec.TokenSource = record.APIChat, record.Success, int64(len(body)/4), 64, "usage"
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				rec.Arrive = time.Now()
+				c.Track(capture.Request{Arrive: rec.Arrive, API: record.APIChat, Body: body}).End(rec, "m1")
+			}
+		})
+	}
+}
