@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,69 @@ func cannedStream(tokens int) []byte {
 	fmt.Fprintf(&b, `data: {"id":"x","object":"chat.completion.chunk","model":"m1","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n", 1000, tokens, 1000+tokens)
 	b.WriteString("data: [DONE]\n\n")
 	return []byte(b.String())
+}
+
+// newProxy is a proxy in front of the canned engine, with c as its
+// pipeline's capture (nil: off).
+func newProxy(b *testing.B, c *capture.Capture) *proxy.Proxy {
+	opts := pipeline.Options{}
+	if c != nil {
+		opts.Capture = c
+	}
+	up, _ := url.Parse("http://engine.invalid")
+	p, err := proxy.New(proxy.Options{Upstream: up, Transport: canned{cannedStream(64)}, Pipeline: pipeline.New(opts)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+func chatBody(size int) []byte {
+	msgs := []map[string]string{{"role": "system", "content": strings.Repeat("be brief. ", size/20)}, {"role": "user", "content": strings.Repeat("what now? ", size/20)}}
+	body, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	return body
+}
+
+// BenchmarkCaptureCost is the capture's cost per request as a ratio to
+// the same request without it, measured in the same run
+// (docs/performance.md, "Workload capture"): one whole streamed request
+// (64 tokens) through the proxy and the pipeline, alternately through a
+// proxy without the capture and one with it, each timed on its own; the
+// medians are reported (off-µs, on-µs) and their ratio. Alternating
+// makes both see the same machine, busy or not.
+func BenchmarkCaptureCost(b *testing.B) {
+	for _, size := range []int{2 << 10, 32 << 10} {
+		b.Run(fmt.Sprintf("prompt=%dKiB", size>>10), func(b *testing.B) {
+			body := chatBody(size)
+			c, err := capture.Open(capture.Options{Path: filepath.Join(b.TempDir(), "c.jsonl"), Secret: bytes.Repeat([]byte{3}, 32)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			ps := [2]*proxy.Proxy{newProxy(b, nil), newProxy(b, c)}
+			var took [2][]time.Duration
+			one := func(k int) {
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				start := time.Now()
+				ps[k].ServeHTTP(httptest.NewRecorder(), r)
+				took[k] = append(took[k], time.Since(start))
+			}
+			i := 0
+			for b.Loop() {
+				one(i % 2)
+				one(1 - i%2)
+				i++
+			}
+			med := func(d []time.Duration) float64 {
+				slices.Sort(d)
+				return float64(d[len(d)/2]) / 1e3
+			}
+			off, on := med(took[0]), med(took[1])
+			b.ReportMetric(off, "off-µs")
+			b.ReportMetric(on, "on-µs")
+			b.ReportMetric(on/off, "ratio")
+		})
+	}
 }
 
 // BenchmarkRequest is the capture's cost per request (docs/performance.md,
