@@ -75,6 +75,17 @@ func (c Capture) Validate() []error {
 			bad("%s: directory of %q does not exist", p.name, p.path)
 		}
 	}
+	if st, err := os.Stat(c.File); err == nil && !st.Mode().IsRegular() {
+		bad("capture.file: %q is not a regular file", c.File)
+	}
+	if st, err := os.Stat(c.Secret()); err == nil {
+		switch {
+		case !st.Mode().IsRegular():
+			bad("capture.secret_file: %q is not a regular file", c.Secret())
+		case st.Mode().Perm()&0o077 != 0:
+			bad("capture.secret_file: %q has mode %v, others may read the key; want 0600", c.Secret(), st.Mode().Perm())
+		}
+	}
 	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
 		bad("capture.block_size: must be 1 to %d tokens (0: 512), got %d", 1<<20, c.BlockSize)
 	}

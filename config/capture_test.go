@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,6 +22,10 @@ func TestCaptureValidate(t *testing.T) {
 	}
 	if got := ok.Secret(); got != filepath.Join(dir, ".tokentap-capture.key") {
 		t.Errorf("default secret file %q", got)
+	}
+	os.WriteFile(ok.Secret(), []byte("00\n"), 0o644)
+	if errs := ok.Validate(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "0600") {
+		t.Errorf("a secret file others may read: %v", errs)
 	}
 	bad := Capture{File: filepath.Join(dir, "no", "c.jsonl"), BlockSize: -1, BytesPerToken: 100, SessionHeader: "authorization",
 		Meta: "side", Queue: -1, Settle: time.Hour}
