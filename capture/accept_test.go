@@ -49,6 +49,7 @@ type scripted struct {
 	turn     int
 	in, out  int64 // the usage the engine reports
 	fail     bool  // the engine answers 503
+	cancel   bool  // the client goes away 25 ms after sending, mid-stream
 }
 
 // words returns n pseudo-random lower-case words from r: text no file
@@ -92,8 +93,12 @@ func script(t *testing.T) ([]scripted, []string) {
 			if c%25 == 0 {
 				in = int64(512 * (2 + r.IntN(3))) // a whole number of blocks
 			}
-			reqs = append(reqs, scripted{at: at, body: body, messages: msgs, system: sys, conv: c, turn: turn,
-				in: in, out: int64(1 + r.IntN(40)), fail: len(reqs)%97 == 50})
+			s := scripted{at: at, body: body, messages: msgs, system: sys, conv: c, turn: turn,
+				in: in, out: int64(1 + r.IntN(40)), fail: len(reqs)%97 == 50}
+			if c%50 == 7 && turn == 1 {
+				s.cancel, s.out = true, 30 // 20 ms to the first token, 2 ms apart: cut after about 3
+			}
+			reqs = append(reqs, s)
 		}
 	}
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].at < reqs[j].at })
@@ -132,7 +137,12 @@ func (e *engine) RoundTrip(r *http.Request) (*http.Response, error) {
 	pr, pw := io.Pipe()
 	go func() {
 		for range s.out {
-			time.Sleep(2 * time.Millisecond)
+			select {
+			case <-r.Context().Done(): // as net/http's transport does
+				pw.CloseWithError(r.Context().Err())
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
 			pw.Write([]byte(`data: {"id":"x","object":"chat.completion.chunk","model":"m1","choices":[{"index":0,"delta":{"content":"tok"}}]}` + "\n\n"))
 		}
 		fmt.Fprintf(pw, `data: {"id":"x","object":"chat.completion.chunk","model":"m1","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`+"\n\n")
@@ -179,6 +189,12 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 			r.Header.Set("Content-Type", "application/json")
 			r.Header.Set("Authorization", "Bearer "+apiKey)
 			r.Header.Set(sessionHeader, "conversation-"+strconv.Itoa(s.conv)+"-of-user@example.com")
+			if s.cancel && p == live {
+				ctx, cancel := context.WithCancel(r.Context())
+				defer cancel()
+				time.AfterFunc(25*time.Millisecond, cancel)
+				r = r.WithContext(ctx)
+			}
 			w := httptest.NewRecorder()
 			p.ServeHTTP(w, r)
 			io.Copy(io.Discard, w.Result().Body)
@@ -214,6 +230,7 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 	}
 	first := reqs[0].at
 	sessions := map[string]int{}
+	cancelled := 0
 	for i, l := range lines {
 		s := reqs[i]
 		// Timestamps: the arrival, in whole ms since the first.
@@ -225,13 +242,21 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 		if m == nil {
 			t.Fatalf("line %d: no tokentap member", i+1)
 		}
-		if s.fail {
+		switch {
+		case s.cancel:
+			// A client that went away: flagged, its line written all the
+			// same, its lengths not the engine's (no usage came).
+			if m.Outcome != "cancelled" || m.InputLengthFrom == "engine" || m.OutputLengthFrom == "engine" || l.OutputLength >= s.out {
+				t.Errorf("line %d (cancelled request): %+v, output_length %d", i+1, m, l.OutputLength)
+			}
+			cancelled++
+		case s.fail:
 			// A 503 is the engine refusing the request (docs/records.md):
 			// flagged, its lengths not the engine's and said so.
 			if m.Outcome != "rejected" || m.ErrorType != "rejected" || m.InputLengthFrom == "engine" || m.OutputLengthFrom != "none" {
 				t.Errorf("line %d (failed request): %+v", i+1, m)
 			}
-		} else {
+		default:
 			if l.InputLength != s.in || l.OutputLength != s.out || m.InputLengthFrom != "engine" || m.OutputLengthFrom != "engine" {
 				t.Errorf("line %d: lengths %d/%d (%s/%s), want the usage %d/%d", i+1, l.InputLength, l.OutputLength, m.InputLengthFrom, m.OutputLengthFrom, s.in, s.out)
 			}
@@ -248,6 +273,9 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 			t.Errorf("line %d: session %q names conversations %d and %d", i+1, l.SessionID, prev, s.conv)
 		}
 		sessions[l.SessionID] = s.conv
+	}
+	if cancelled != 5 {
+		t.Errorf("%d cancelled requests, want 5", cancelled)
 	}
 	if len(sessions) != conversations {
 		t.Errorf("%d session ids, want %d", len(sessions), conversations)
