@@ -1,0 +1,127 @@
+package stream
+
+import (
+	"reflect"
+	"testing"
+)
+
+// collectFormats are the formats FuzzParseCollect picks from.
+var collectFormats = []Format{FormatOpenAI, FormatResponses, FormatMessages, FormatOllama, FormatGemini, FormatTGI, FormatLlamaCpp}
+
+// collectSeeds are payloads that carry tool calls and answer text in
+// each format: the seeds of FuzzParseCollect (also in
+// testdata/fuzz/FuzzParseCollect), by index in collectFormats.
+var collectSeeds = []struct {
+	format int
+	data   string
+}{
+	{0, `{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":"}}]},"finish_reason":null}]}`},
+	{0, `{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"Par\u00e9s\"}"}}]},"finish_reason":null}]}`},
+	{0, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"{\"a\":1}","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`},
+	{1, `{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"get_weather","arguments":""}}`},
+	{1, `{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"city\":\"x\"}"}`},
+	{1, `{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"{\"answer\":"}`},
+	{2, `{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}`},
+	{2, `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"city\": \"x"}}`},
+	{3, `{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"x"}}}]},"done":false}`},
+	{3, `{"model":"m","response":"{\"a\":","done":false}`},
+	{4, `{"candidates":[{"content":{"parts":[{"functionCall":{"name":"get_weather","args":{"city":"x"}}},{"text":"{}"}],"role":"model"},"index":0}]}`},
+	{5, `{"index":3,"token":{"id":5,"text":" x","logprob":-0.3,"special":false}}`},
+	{6, `{"index":0,"content":" x","stop":false}`},
+}
+
+// FuzzParseCollect: whatever the payload, a Collector never changes what
+// the parse reads (the Chunk is the one Parse gives), never holds more
+// than its bound of text and arguments together, nor more than MaxCalls
+// calls, nor a name over 256 bytes; fed the payload again, the bound
+// still holds; and released, it comes back empty.
+func FuzzParseCollect(f *testing.F) {
+	for _, s := range collectSeeds {
+		f.Add(uint8(s.format), []byte(s.data), uint16(64))
+		f.Add(uint8(s.format), []byte(s.data), uint16(8))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, data []byte, max uint16) {
+		format := collectFormats[int(which)%len(collectFormats)]
+		var plain, collected Chunk
+		Parse(format, data, &plain)
+		col := NewCollector(int(max), true)
+		defer col.Release()
+		ParseCollect(format, data, &collected, col)
+		if !reflect.DeepEqual(plain, collected) {
+			t.Fatalf("%v %q: the chunk read with a Collector differs:\n%+v\n%+v", format, data, collected, plain)
+		}
+		for range 3 {
+			held := len(col.Text())
+			for _, c := range col.Calls() {
+				held += len(c.Args)
+				if len(c.Name) > 256 {
+					t.Fatalf("%v %q: a name of %d bytes", format, data, len(c.Name))
+				}
+			}
+			if held > int(max) || len(col.Calls()) > MaxCalls {
+				t.Fatalf("%v %q: %d bytes held, %d calls, bound %d", format, data, held, len(col.Calls()), max)
+			}
+			ParseCollect(format, data, &collected, col)
+		}
+		col.Release()
+		col = NewCollector(int(max), true)
+		if len(col.Text()) != 0 || len(col.Calls()) != 0 || col.Over() || col.Multi() {
+			t.Fatalf("a released Collector came back holding %q, %d calls", col.Text(), len(col.Calls()))
+		}
+	})
+}
+
+// TestParseCollectAssembles: the deltas of one call, keyed by their
+// index, assemble into its arguments unescaped; a call sent whole is a
+// call of its own.
+func TestParseCollectAssembles(t *testing.T) {
+	col := NewCollector(1<<10, true)
+	defer col.Release()
+	var c Chunk
+	for _, s := range collectSeeds[:2] {
+		ParseCollect(FormatOpenAI, []byte(s.data), &c, col)
+	}
+	ParseCollect(FormatOllama, []byte(collectSeeds[8].data), &c, col)
+	calls := col.Calls()
+	if len(calls) != 3 || string(calls[0].Name) != "get_weather" || string(calls[0].Args) != `{"city":` ||
+		string(calls[1].Args) != `"Parés"}` || string(calls[2].Name) != "get_weather" || string(calls[2].Args) != `{"city":"x"}` {
+		t.Fatalf("calls %+v", calls)
+	}
+}
+
+// FuzzDeclared: whatever a request body holds, what each API reads of
+// its declarations is bounded and well formed: at most
+// MaxDeclaredTools tools, each named, each schema a JSON object, an
+// output schema only with a JSON output.
+func FuzzDeclared(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}}}`,
+		`{"tools":[{"type":"function","name":"f\u00e9","parameters":{}}],"text":{"format":{"type":"json_object"}}}`,
+		`{"tools":[{"name":"t","input_schema":{"type":"object"}}]}`,
+		`{"tools":[{"functionDeclarations":[{"name":"g","parameters":{"type":"OBJECT"}}]}],"generationConfig":{"responseMimeType":"application/json","responseSchema":{"type":"OBJECT"}}}`,
+		`{"model":"m","format":"json","tools":[{"function":{"name":"a"}},{"function":{"name":""}}]}`,
+		`{"format":{"type":"object"},"tools":[1,"x",{"function":{"name":1}}]}`,
+	} {
+		for i := range 6 {
+			f.Add(uint8(i), []byte(s))
+		}
+	}
+	var declaring []*API
+	for _, a := range APIs() {
+		if a.Request.Declares != nil {
+			declaring = append(declaring, a)
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		a := declaring[int(which)%len(declaring)]
+		d := a.Request.Declares(func(k string) []byte { return member(body, k) })
+		if len(d.Tools) > MaxDeclaredTools || (d.Schema != nil && (!d.JSON || !isObject(d.Schema))) {
+			t.Fatalf("%s %q: %d tools, JSON %v schema %q", a.Name, body, len(d.Tools), d.JSON, d.Schema)
+		}
+		for _, tl := range d.Tools {
+			if tl.Name == "" || (tl.Schema != nil && !isObject(tl.Schema)) {
+				t.Fatalf("%s %q: tool %q schema %q", a.Name, body, tl.Name, tl.Schema)
+			}
+		}
+	})
+}
