@@ -16,7 +16,7 @@ import (
 
 // front runs a proxy with opts in front of h; its records are collected,
 // and live observes the requests while they run (nil: nothing).
-func front(t *testing.T, h http.Handler, opts Options, live ...record.Observer) (*httptest.Server, *collect) {
+func front(t testing.TB, h http.Handler, opts Options, live ...record.Observer) (*httptest.Server, *collect) {
 	t.Helper()
 	var sink collect
 	if h != nil {

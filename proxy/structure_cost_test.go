@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/structure"
 )
@@ -220,4 +221,106 @@ func TestTenMBArgumentTooLarge(t *testing.T) {
 		t.Fatalf("a request with a 10 MB argument allocated %d bytes, bound %d", alloc, bound)
 	}
 	t.Logf("a request with a 10 MiB argument: %d bytes allocated in all (bound %d); the client got %d bytes", alloc, bound, n)
+}
+
+// fourKiBCall is a chat request that declares get_weather (its
+// parameters a schema of three properties) and the stream of its answer:
+// one call whose 4 KiB argument comes in 64 deltas of 64 bytes.
+func fourKiBCall() (req, resp []byte) {
+	req = []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"weather?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":` +
+		`{"type":"object","properties":{"city":{"type":"string","maxLength":8192},"days":{"type":"integer","minimum":1},"units":{"enum":["c","f"]}},"required":["city","days"],"additionalProperties":false}}}]}`)
+	args := `{"city":"` + strings.Repeat("x", 4096-len(`{"city":"","days":3,"units":"c"}`)) + `","days":3,"units":"c"}`
+	chunk := func(delta, finish string) string {
+		return `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + "}]}\n\n"
+	}
+	var b strings.Builder
+	b.WriteString(chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}`, "null"))
+	for i := 0; i < len(args); i += 64 {
+		b.WriteString(chunk(`{"tool_calls":[{"index":0,"function":{"arguments":`+q(args[i:min(i+64, len(args))])+`}}]}`, "null"))
+	}
+	b.WriteString(chunk(`{}`, `"tool_calls"`) + "data: [DONE]\n\n")
+	return req, []byte(b.String())
+}
+
+// BenchmarkStructureCheck4KiB is the per-request cost of checking a
+// 4 KiB tool argument (docs/performance.md, "Structure checks"), each
+// iteration one request unchecked and the same request checked, in
+// turn, so that both see the same machine; it reports both and their
+// ratio.
+//
+// tap: the sidecar's own work on the request (the peek of its body, the
+// declarations read when checked) and its 66-event response (framed,
+// timed, parsed; checked: collected, then parsed as JSON and validated
+// against the tool's schema). http: the whole request through the proxy
+// on loopback, client to engine and back.
+func BenchmarkStructureCheck4KiB(b *testing.B) {
+	req, resp := fourKiBCall()
+	k := &structure.Checker{}
+	one := func(checked bool) {
+		in, _, _, _ := peek(io.NopCloser(strings.NewReader(string(req))), record.APIChat, "/v1/chat/completions", 1<<20, int64(len(req)), checked)
+		st := realState(128)
+		tp := newTap(io.NopCloser(strings.NewReader(string(resp))), st, bodySSE, stream.FormatOpenAI, false, 1<<20)
+		if checked {
+			tp.col = k.Collector(&in.Declared)
+		}
+		p := make([]byte, 32<<10)
+		for {
+			if _, err := tp.Read(p); err != nil {
+				break
+			}
+		}
+		if checked {
+			if r := k.Check(&in.Declared, tp.col, false, false, false); r.Status != structure.Pass {
+				b.Fatalf("check %+v, want pass", r)
+			}
+			tp.col.Release()
+		}
+	}
+	b.Run("tap", func(b *testing.B) {
+		interleave(b, func() { one(false) }, func() { one(true) })
+	})
+	b.Run("http", func(b *testing.B) {
+		up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Write(resp)
+		})
+		plain, _ := front(b, up, Options{})
+		checked, sink := front(b, up, Options{Structure: k})
+		post := func(fs string) {
+			r, err := http.Post(fs+"/v1/chat/completions", "application/json", strings.NewReader(string(req)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, r.Body)
+			r.Body.Close()
+		}
+		interleave(b, func() { post(plain.URL) }, func() { post(checked.URL) })
+		b.StopTimer()
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		if len(sink.recs) == 0 || sink.recs[0].Structure != structure.Pass {
+			b.Fatalf("the checked proxy's records: %d, first %+v", len(sink.recs), sink.recs)
+		}
+	})
+}
+
+// interleave runs base and checked in turn b.N times and reports the
+// mean time of each and checked's ratio to base.
+func interleave(b *testing.B, base, checked func()) {
+	base()
+	checked()
+	var tb, tc time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		base()
+		t1 := time.Now()
+		checked()
+		tc += time.Since(t1)
+		tb += t1.Sub(t0)
+	}
+	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N), "unchecked-ns/req")
+	b.ReportMetric(float64(tc.Nanoseconds())/float64(b.N), "checked-ns/req")
+	b.ReportMetric(float64(tc)/float64(tb), "ratio")
 }
