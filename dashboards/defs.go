@@ -97,7 +97,7 @@ func sloBoard() board {
 			}},
 			{title: "Why requests failed", panels: []panel{
 				{kind: kBarGauge, title: "Top failing thresholds (dashboard range)", unit: "short", w: 8, h: 9,
-					desc:    "The 10 (SLO, reason) pairs with the most failed requests over the dashboard's time range: increase of tokentap_slo_failures_total. The reason is a threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens) or the outcome (error, rejected, timeout, cancelled); a request that fails two thresholds counts under both (docs/measurement.md §5, docs/slo.md).",
+					desc:    "The 10 (SLO, reason) pairs with the most failed requests over the dashboard's time range: increase of tokentap_slo_failures_total. The reason is a threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens) or the outcome (error, rejected, timeout, cancelled), or under structure: required a failed structure check (tool_args_schema, ...); a request that fails two counts under both (docs/measurement.md §5, docs/slo.md).",
 					targets: []target{{expr: `topk(10, sum by (slo, threshold) (increase(tokentap_slo_failures_total{` + selSLO + `}[$__range])))`, legend: "{{slo}} {{threshold}}", instant: true}}},
 				{title: "Failures by reason, requests/s", unit: "reqps", w: 10, h: 9, min: fp(0), stack: true,
 					desc:    "Rate of non-qualified requests by SLO and reason (tokentap_slo_failures_total; docs/measurement.md §5). Stacked; a request failing two thresholds appears twice.",
@@ -105,6 +105,15 @@ func sloBoard() board {
 				{title: "Excluded from the denominator, requests/s", unit: "reqps", w: 6, h: 9, min: fp(0),
 					desc:    "In-scope requests excluded by a declared option (today: client cancellations under count_cancelled: false), by SLO and reason (tokentap_slo_excluded_total; docs/measurement.md §5). Never silently dropped: they are counted here.",
 					targets: []target{{expr: `sum by (slo, reason) (rate(tokentap_slo_excluded_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}} {{reason}}"}}},
+				{title: "Fast but invalid: share of offered requests", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1),
+					desc: "Per SLO, the share of offered requests that failed on structure checks alone: a success within every latency threshold whose answer does not hold (a tool call's arguments that do not parse or break the tool's schema, an undeclared tool, a JSON output that does not parse or validate, JSON cut by the token limit, more than the bound to check). " +
+						"tokentap_slo_fast_invalid_total over tokentap_slo_requests_total, 0 where none failed so; only SLOs that declare structure: required count any (docs/slo.md, Structure; docs/metrics.md). The /slo page shows the same over its window (fast_invalid_share).",
+					targets: []target{{expr: `(sum by (slo) (rate(tokentap_slo_fast_invalid_total{` + selSLO + `}[` + ri + `])) or 0 * sum by (slo) (rate(tokentap_slo_requests_total{` + selSLO + `}[` + ri + `])))` +
+						` / sum by (slo) (rate(tokentap_slo_requests_total{` + selSLO + `}[` + ri + `]))`, legend: "{{slo}}"}}},
+				{title: "Structure checks failed, by check, requests/s", unit: "reqps", w: 12, h: 8, min: fp(0), stack: true,
+					desc: "Live answers that failed a structure check, by check (tokentap_structure_failures_total; docs/metrics.md, docs/slo.md, Structure): tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large. " +
+						"Checked only while an SLO declares structure: required, for requests that declare tools or a JSON output. Stacked; an answer failing two checks appears twice.",
+					targets: []target{{expr: `sum by (check) (rate(tokentap_structure_failures_total{` + selLive + `}[` + ri + `]))`, legend: "{{check}}"}}},
 			}},
 			costRow(),
 		},

@@ -64,6 +64,14 @@ slo:
       window: 30s
       thresholds: {e2e: 10s}
       count_cancelled: false
+    # The structure panels: every fifth request asks for a JSON output,
+    # which the simulator's words are not (output_invalid_json, or
+    # truncated_json when cut by max_tokens).
+    - name: structured
+      target: 0.9
+      window: 30s
+      structure: required
+      thresholds: {e2e: 10s}
 probes:
   probes:
     - name: sim-canary
@@ -350,8 +358,12 @@ func drive(proxy string, worker int, stop <-chan struct{}) {
 		}
 		model := []string{"llama", "qwen"}[(worker+n)%2]
 		stream := n%7 != 6
-		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
-			model, stream, 4+(n*7)%40, strings.Repeat("hello ", 1+(n*13)%300))
+		format := ""
+		if n%5 == 4 {
+			format = `,"response_format":{"type":"json_object"}`
+		}
+		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`,
+			model, stream, 4+(n*7)%40, strings.Repeat("hello ", 1+(n*13)%300), format)
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+proxy+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")

@@ -191,7 +191,7 @@ var specs = [numInstruments]Spec{
 	SLOQualifiedTokens: {Prom: "tokentap_slo_qualified_output_tokens_total", OTel: "tokentap.slo.qualified_output_tokens", Unit: "{token}", Counter: true, Labels: []Label{LSLO},
 		Help: "Output tokens of qualified requests: rate() of it is token goodput."},
 	SLOFailures: {Prom: "tokentap_slo_failures_total", OTel: "tokentap.slo.failures", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LThreshold},
-		Help: "Offered requests that did not qualify, by reason: each failed threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens) or the outcome (error, rejected, timeout, cancelled). A request failing two thresholds counts under both."},
+		Help: "Offered requests that did not qualify, by reason: each failed threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens), the outcome (error, rejected, timeout, cancelled), or under structure: required each failed structure check (tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large). A request failing two counts under both."},
 	SLOExcluded: {Prom: "tokentap_slo_excluded_total", OTel: "tokentap.slo.excluded", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LReason},
 		Help: "Requests in scope left out of the denominator by the SLO's declared options (reason=cancelled when count_cancelled is false)."},
 	Fluidity: {Prom: "tokentap_fluidity_ratio", OTel: "tokentap.fluidity", Unit: "1", Buckets: fluidityBuckets, Labels: []Label{LSLO},

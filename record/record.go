@@ -243,10 +243,13 @@ type Verdict struct {
 	// (client cancellations, when count_cancelled is false).
 	Excluded bool
 	// Failed names each threshold that failed, or the outcome
-	// (error, rejected, timeout, cancelled) when it was not success.
+	// (error, rejected, timeout, cancelled) when it was not success, and
+	// under structure: required each structure check that failed
+	// (StructureFailed).
 	Failed []string
 	// NotApplicable names thresholds that do not apply to this request
-	// (TPOT for a one-token answer).
+	// (TPOT for a one-token answer; "structure" when the answer could
+	// not be checked).
 	NotApplicable []string
 	// Fluidity is the request's fluidity score, when the SLO has one.
 	Fluidity *float64
