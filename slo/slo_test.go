@@ -293,7 +293,7 @@ func TestValidateNamesSLOAndField(t *testing.T) {
 	c := Config{Objectives: []Objective{
 		{Name: "a", Target: 1.5},
 		{Name: "b", Target: 0.9, Thresholds: Thresholds{Fluidity: 0.9, TTFT: -1}, Scope: Scope{APIs: []string{"embeddings"}, PromptClasses: []string{"huge"}}},
-		{Name: "b", Target: 0.9, Thresholds: Thresholds{E2E: time.Second}},
+		{Name: "b", Target: 0.9, Thresholds: Thresholds{E2E: time.Second}, Structure: "yes"},
 	}}.WithDefaults()
 	var got []string
 	for _, e := range c.Validate() {
@@ -307,6 +307,7 @@ func TestValidateNamesSLOAndField(t *testing.T) {
 		`slo b: scope.apis: unknown api "embeddings"`,
 		`slo b: scope.prompt_classes: no class named "huge"`,
 		"slo b: name is used twice",
+		`slo b: structure must be "required" or absent, got "yes"`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
