@@ -38,7 +38,8 @@ func Need(t testing.TB, name string) string {
 const logTail = 16 << 10
 
 // Start runs bin with args for the rest of the test: its output goes to a
-// log file in a temporary folder, the test's cleanup kills it, and a test
+// log file in a temporary folder, the test's cleanup kills it (and, on
+// Linux, the kernel does when the test binary dies first), and a test
 // that failed logs the end of that log (the last logTail bytes) as name's.
 // The tool is started, not ready: the caller waits for what it needs.
 func Start(t testing.TB, name, bin string, args ...string) {
@@ -50,6 +51,7 @@ func Start(t testing.TB, name, bin string, args ...string) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		t.Fatal(err)

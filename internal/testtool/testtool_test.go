@@ -153,3 +153,69 @@ func TestClock(t *testing.T) {
 		t.Errorf("Now() after Set(1.5s) = %v, want %v", got, want)
 	}
 }
+
+// TestStartOrphanHelper is the subprocess of TestStartKillsTheToolWithTheTest:
+// it starts a tool, says the tool's pid on stdout, and waits to be killed.
+func TestStartOrphanHelper(t *testing.T) {
+	if os.Getenv("TESTTOOL_ORPHAN") == "" {
+		t.Skip("helper process for TestStartKillsTheToolWithTheTest")
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	Start(t, "sleeper", Need(t, "sh"), "-c", "echo $$ > "+pidFile+"; exec sleep 300")
+	for i := 0; i < 1000; i++ { // at least 10 s: a bound on a hang
+		if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
+			os.Stdout.Write(b)
+			time.Sleep(time.Hour) // killed by the parent test
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the tool did not start")
+}
+
+// TestStartKillsTheToolWithTheTest: a test binary that dies without its
+// cleanups (SIGKILL here; a timeout's panic the same) takes its tools with it.
+func TestStartKillsTheToolWithTheTest(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStartOrphanHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TESTTOOL_ORPHAN=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 32)
+	n, err := out.Read(line)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("reading the tool's pid: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(line[:n])))
+	if err != nil {
+		t.Fatalf("the helper said %q, want a pid", line[:n])
+	}
+	cmd.Process.Kill() // no cleanup runs
+	cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if gone(pid) {
+			return
+		}
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("the tool (pid %d) outlived its killed test binary by 10 s", pid)
+		}
+	}
+}
+
+// gone reports whether pid has exited: no such process, or a zombie that
+// nobody has reaped yet.
+func gone(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	// The state is the field after the command's closing parenthesis.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
