@@ -2,11 +2,18 @@ package proxy
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/structure"
 )
 
@@ -17,7 +24,8 @@ import (
 // parse but break the tool's declared schema; a tool the request did not
 // declare; arguments cut by the token limit; and the same for an output
 // asked for as JSON. Each record's structure and structure_failed are
-// exact, and no argument or answer text (the marker) is in the record.
+// exact, and so is its verdict under an SLO with structure: required;
+// no argument or answer text (the marker) is in the record.
 
 // The tool every request declares, and the output schema a JSON output
 // is asked for with.
@@ -266,6 +274,28 @@ func structCases(a structAPI) []structCase {
 	return cs
 }
 
+// structFront is front with the structure checks on and the verdict of
+// one SLO that requires them (its only threshold an E2E of a minute,
+// which every answer here meets), as the sidecar wires them.
+func structFront(t *testing.T, up http.Handler) (*httptest.Server, *collect) {
+	t.Helper()
+	us := httptest.NewServer(up)
+	t.Cleanup(us.Close)
+	opts := Options{Structure: &structure.Checker{}}
+	opts.Upstream, _ = url.Parse(us.URL)
+	var sink collect
+	judge := slo.NewJudge(slo.Config{Objectives: []slo.Objective{{Name: "answers", Target: 0.9, Structure: config.StructureRequired,
+		Thresholds: slo.Thresholds{E2E: time.Minute}}}})
+	opts.Pipeline = pipeline.New(pipeline.Options{Judge: judge, Sinks: []record.Sink{&sink}})
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := httptest.NewServer(p)
+	t.Cleanup(fs.Close)
+	return fs, &sink
+}
+
 func TestStructureChecksEveryAPI(t *testing.T) {
 	for _, a := range structAPIs {
 		for _, c := range structCases(a) {
@@ -279,7 +309,7 @@ func TestStructureChecksEveryAPI(t *testing.T) {
 						w.(http.Flusher).Flush()
 					}
 				})
-				fs, sink := front(t, up, Options{Structure: &structure.Checker{}})
+				fs, sink := structFront(t, up)
 				resp, got := do(t, fs, a.path, c.req(a))
 				if resp.StatusCode != 200 || got != body {
 					t.Fatalf("status %d; the client got %q, want the engine's bytes", resp.StatusCode, got)
@@ -291,6 +321,9 @@ func TestStructureChecksEveryAPI(t *testing.T) {
 				}
 				if r.Structure != wantStatus || !slices.Equal(r.StructureFailed, c.want) || r.Outcome != "success" {
 					t.Fatalf("outcome %s finish %q structure %q %v, want success, %q %v", r.Outcome, r.FinishReason, r.Structure, r.StructureFailed, wantStatus, c.want)
+				}
+				if len(r.SLO) != 1 || r.SLO[0].Qualified != (c.want == nil) || !slices.Equal(r.SLO[0].Failed, c.want) {
+					t.Fatalf("verdicts %+v, want qualified %v, failed exactly %v", r.SLO, c.want == nil, c.want)
 				}
 				if b, _ := r.MarshalJSON(); strings.Contains(string(b), marker[:4]) {
 					t.Fatalf("content in the record: %s", b)
