@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokentap/tokentap/openloop"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
@@ -183,24 +184,13 @@ func (p *Prober) next(d *Def, t time.Time) time.Time {
 }
 
 func (p *Prober) schedule(ctx context.Context, s *defState, wg *sync.WaitGroup) {
-	at := time.Now()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			// The instant that was due next cannot be sent: say so.
-			p.scheduled.WithLabelValues(s.def.Name).Inc()
-			p.skip(s, at, "shutdown")
-			return
-		case <-timer.C:
-		}
-		// Fire every instant that is due, late ones included: a stalled
-		// scheduler catches up rather than silently skipping.
-		for now := time.Now(); !at.After(now); at = p.next(&s.def, at) {
-			p.fire(ctx, s, at, wg)
-		}
-		timer.Reset(time.Until(at))
+	at, pending := openloop.Run(ctx, time.Now(),
+		func(t time.Time) (time.Time, bool) { return p.next(&s.def, t), true },
+		func(at time.Time) { p.fire(ctx, s, at, wg) })
+	if pending {
+		// The instant that was due next cannot be sent: say so.
+		p.scheduled.WithLabelValues(s.def.Name).Inc()
+		p.skip(s, at, "shutdown")
 	}
 }
 

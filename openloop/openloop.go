@@ -1,0 +1,49 @@
+// Package openloop runs an open-loop schedule: each instant fires when it
+// is due, whatever became of the ones before it. The canary prober and
+// tokentap replay share it (docs/measurement.md §7, docs/capture.md).
+//
+// A scheduler that falls behind (a stalled goroutine, a busy machine)
+// fires every instant that came due meanwhile, late, at once: none is
+// skipped silently. The caller measures how late (the send instant minus
+// the scheduled instant: the schedule lag) and counts what it could not
+// send.
+package openloop
+
+import (
+	"context"
+	"time"
+)
+
+// Run fires fire(at) for every instant of the schedule that starts at
+// first, next(at) giving the instant after at and false when the
+// schedule has ended. Instants never go back: one before its
+// predecessor is due at once. fire is called on Run's goroutine, in
+// order; it should hand long work to another goroutine. An instant that
+// comes due as ctx ends may still be fired: fire sees ctx done then.
+//
+// Run returns when the schedule ends (pending false), or when ctx is
+// done, with the instant that was due next and not fired (pending true):
+// the caller says it was not sent.
+func Run(ctx context.Context, first time.Time, next func(time.Time) (time.Time, bool), fire func(at time.Time)) (at time.Time, pending bool) {
+	at = first
+	timer := time.NewTimer(time.Until(at))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return at, true
+		case <-timer.C:
+		}
+		// Fire every instant that is due, late ones included: a stalled
+		// scheduler catches up rather than silently skipping.
+		for now := time.Now(); !at.After(now); {
+			fire(at)
+			n, ok := next(at)
+			if !ok {
+				return time.Time{}, false
+			}
+			at = n
+		}
+		timer.Reset(time.Until(at))
+	}
+}
