@@ -41,7 +41,7 @@ type FluiditySchedule struct {
 type Scope struct {
 	Models        []string `yaml:"models"`
 	APIs          []string `yaml:"apis"`    // the record's api values (APIs)
-	Traffic       []string `yaml:"traffic"` // live, canary; empty means live only
+	Traffic       []string `yaml:"traffic"` // live, canary, replay; empty means live only (tokentap replay judges replay as live: docs/capture.md)
 	PromptClasses []string `yaml:"prompt_classes"`
 	OutputClasses []string `yaml:"output_classes"`
 }
@@ -223,7 +223,7 @@ func (c SLO) Validate() []error {
 			}
 		}
 		for _, tr := range o.Scope.Traffic {
-			if tr != "live" && tr != "canary" {
+			if tr != "live" && tr != "canary" && tr != "replay" {
 				bad("slo %s: scope.traffic: unknown traffic %q", name, tr)
 			}
 		}

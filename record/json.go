@@ -117,6 +117,17 @@ var members = func() []member {
 				"schedule_lag_ms": ms(r.Arrive.Sub(p.Scheduled)), "result": p.Result, "failed_check": p.Check, "failure": p.Failure})
 			return append(b, enc...)
 		}},
+		{name: "replay", omit: func(r *Record) bool { return r.Replay == nil }, value: func(b []byte, r *Record) []byte {
+			p := r.Replay
+			m := map[string]any{"line": p.Line, "scheduled": p.Scheduled.UTC().Format(time.RFC3339Nano), "rate": p.Rate}
+			if p.NotSent == "" {
+				m["schedule_lag_ms"] = ms(r.Arrive.Sub(p.Scheduled))
+			} else {
+				m["not_sent"] = p.NotSent
+			}
+			enc, _ := json.Marshal(m)
+			return append(b, enc...)
+		}},
 		{name: "energy_j", omit: noEnergy, value: rounded(func(r *Record) float64 { return r.EnergyJ }, 1e4)},
 		{name: "energy_dynamic_j", omit: noEnergy, value: rounded(func(r *Record) float64 { return r.EnergyDynamicJ }, 1e4)},
 		{name: "energy_source", omit: noEnergy, value: str(func(r *Record) string { return r.EnergySource })},

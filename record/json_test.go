@@ -64,6 +64,7 @@ func TestMembersWrittenOnceInOrder(t *testing.T) {
 	r.ChoiceSlot(1)
 	r.ChoicesUntracked = 1
 	r.Probe = &ProbeInfo{Name: "p", Scheduled: r.Arrive.Add(-time.Millisecond)}
+	r.Replay = &ReplayInfo{Line: 3, Scheduled: r.Arrive.Add(-time.Millisecond), Rate: 2}
 	r.EnergySource, r.EnergyInterval, r.DecodeSOL = "counter", time.Second, 0.5
 	b, _ := r.MarshalJSON()
 	var m map[string]json.RawMessage

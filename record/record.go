@@ -100,7 +100,7 @@ func (a API) Operation() string {
 // backends and sinks, which only read it.
 type Record struct {
 	ID      string
-	Traffic string // "live" for proxied traffic, "canary" for probes
+	Traffic string // "live" for proxied traffic, "canary" for probes, "replay" for tokentap replay
 	API     API
 	Model   string // the requested model as sent, at most MaxModelBytes; "" when unknown
 	// ModelTruncated says Model was cut to MaxModelBytes.
@@ -194,6 +194,8 @@ type Record struct {
 	SLO []Verdict
 	// Probe is set on canary probe records.
 	Probe *ProbeInfo
+	// Replay is set on the records of tokentap replay (package replay).
+	Replay *ReplayInfo
 	// EnergyJ is the GPU energy attributed to the request, EnergyDynamicJ
 	// the part above the idle baseline; EnergySource says how it was
 	// measured ("" when energy is off).
@@ -223,6 +225,15 @@ type Record struct {
 	// pipeline when the request ends (docs/cost.md).
 	Load       float64
 	LoadBucket string
+}
+
+// ReplayInfo is what a replayed request's record adds: the trace line it
+// came from and its open-loop schedule.
+type ReplayInfo struct {
+	Line      int64     // the 1-based line of the trace
+	Scheduled time.Time // the schedule's instant; Arrive is when it was sent
+	Rate      float64   // the arrival-rate multiplier of the run (--rate, or the step of --rates)
+	NotSent   string    // why it was not sent (concurrency_cap, shutdown); "" when sent
 }
 
 // ProbeInfo is what a canary record adds.

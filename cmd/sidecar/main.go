@@ -1,7 +1,8 @@
 // Command sidecar is tokentap: a reverse proxy in front of an
 // OpenAI-compatible inference engine that times every streamed token and
 // exports what users experience. Run it with no flags to see it work in
-// front of its built-in simulated engine; see README.md.
+// front of its built-in simulated engine; see README.md. "sidecar replay"
+// replays a workload trace against an engine (docs/capture.md).
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/tokentap/tokentap/app"
+	"github.com/tokentap/tokentap/replay"
 )
 
 func main() {
@@ -26,6 +28,14 @@ func main() {
 		<-stop
 		close(force)
 	}()
+	if len(os.Args) > 1 && os.Args[1] == "replay" {
+		err := replay.Main(ctx, os.Args[2:], replay.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr})
+		cancel()
+		if err != nil && replay.ExitCode(err) != 2 {
+			os.Stderr.WriteString("tokentap replay: " + err.Error() + "\n")
+		}
+		os.Exit(replay.ExitCode(err))
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reopen the records file; never exit
 	err := app.Run(ctx, os.Args[1:], app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr, Hangup: hup, Force: force})

@@ -1,0 +1,93 @@
+package replay
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/tokentap/tokentap/workload"
+)
+
+// BytesPerToken is the replay's exchange rate between a trace's token
+// counts and the text it synthesises: each token is one of the words
+// of vocabulary, three letters and a space, which the BPE tokenizers of
+// the common open models count as one token each (docs/capture.md,
+// "Replay"), and which the built-in simulator counts at 4 bytes a token.
+const BytesPerToken = 4
+
+// ChatOverheadTokens is what a chat request adds to its text: the chat
+// template's tokens around one message (the simulator counts 4, as
+// OpenAI's counting guide does). A chat prompt of n tokens carries
+// n − ChatOverheadTokens tokens of text.
+const ChatOverheadTokens = 4
+
+// DefaultBlockSize is the tokens one hash id stands for, as AIPerf's
+// --isl-block-size and Mooncake's traces.
+const DefaultBlockSize = 512
+
+// vocabulary: 64 three-letter English words, each one token with its
+// leading space in the tokenizers of Llama 3, Qwen 2, Mistral and GPT-4
+// (cl100k, o200k); 6 bits a word, so two blocks' first ten words differ
+// unless their ids are equal (a chance of 2⁻⁶⁰ otherwise).
+var vocabulary = strings.Fields(`the and for are but not you all any can her was one our out day get has him his how
+man new now old see two way who boy did its let put say she too use big car cat dog red run sun top box bed cup eat
+far fun hat hot job key law leg map net oil pen pot raw`)
+
+// prompts synthesises prompt text: block k of a prompt is the text of
+// its k-th hash id, the same for every request that has that id in that
+// place, so that an engine's prefix cache sees the trace's sharing; the
+// tokens past the hash ids are the request's own. salt makes one run's
+// text differ from another's, so that a step of --rates finds no prefix
+// the step before it left in the cache that the trace does not share.
+type prompts struct {
+	blockSize int
+	seed      maphash.Seed
+	salt      uint64
+}
+
+func newPrompts(blockSize int, salt uint64) *prompts {
+	return &prompts{blockSize: blockSize, seed: maphash.MakeSeed(), salt: salt}
+}
+
+// words appends n words drawn from the stream keyed by (kind, id).
+func (p *prompts) words(b *strings.Builder, kind byte, id int64, n int) {
+	var k [17]byte
+	k[0] = kind
+	binary.LittleEndian.PutUint64(k[1:], uint64(id))
+	binary.LittleEndian.PutUint64(k[9:], p.salt)
+	h := maphash.Bytes(p.seed, k[:])
+	r := rand.New(rand.NewPCG(h, p.salt))
+	for n > 0 {
+		x := r.Uint64()
+		for j := 0; j < 10 && n > 0; j++ { // ten 6-bit draws per number
+			b.WriteByte(' ')
+			b.WriteString(vocabulary[x&63])
+			x >>= 6
+			n--
+		}
+	}
+}
+
+// text returns the prompt of req: tokens tokens of words, its blocks
+// shared by hash id, the rest its own (keyed by its line).
+func (p *prompts) text(req *workload.Request, tokens int64) string {
+	if tokens <= 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.Grow(int(tokens) * BytesPerToken)
+	left := tokens
+	for _, id := range req.HashIDs {
+		if left <= 0 {
+			break
+		}
+		n := min(left, int64(p.blockSize))
+		p.words(&b, 'h', id, int(n))
+		left -= n
+	}
+	if left > 0 {
+		p.words(&b, 'l', req.Line, int(left))
+	}
+	return b.String()[1:] // without the first word's space
+}
