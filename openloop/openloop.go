@@ -11,8 +11,21 @@ package openloop
 
 import (
 	"context"
+	"runtime"
 	"time"
 )
+
+// Schedule runs open-loop schedules. The zero value sleeps on a timer
+// until each instant: the Go runtime's timers wake up to about a
+// millisecond late when the process is idle (the poller waits in whole
+// milliseconds), which a canary probe every few seconds does not feel.
+type Schedule struct {
+	// Spin, when above 0, wakes that long before each instant and
+	// yields the processor in a loop until it: sends within tens of
+	// microseconds of their instant on an idle machine, for at most Spin
+	// of CPU per instant (tokentap replay: docs/capture.md).
+	Spin time.Duration
+}
 
 // Run fires fire(at) for every instant of the schedule that starts at
 // first, next(at) giving the instant after at and false when the
@@ -25,14 +38,22 @@ import (
 // done, with the instant that was due next and not fired (pending true):
 // the caller says it was not sent.
 func Run(ctx context.Context, first time.Time, next func(time.Time) (time.Time, bool), fire func(at time.Time)) (at time.Time, pending bool) {
+	return Schedule{}.Run(ctx, first, next, fire)
+}
+
+// Run is the package's Run, with s's precision.
+func (s Schedule) Run(ctx context.Context, first time.Time, next func(time.Time) (time.Time, bool), fire func(at time.Time)) (at time.Time, pending bool) {
 	at = first
-	timer := time.NewTimer(time.Until(at))
+	timer := time.NewTimer(time.Until(at) - s.Spin)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return at, true
 		case <-timer.C:
+		}
+		for s.Spin > 0 && time.Now().Before(at) && ctx.Err() == nil {
+			runtime.Gosched()
 		}
 		// Fire every instant that is due, late ones included: a stalled
 		// scheduler catches up rather than silently skipping.
@@ -44,6 +65,6 @@ func Run(ctx context.Context, first time.Time, next func(time.Time) (time.Time, 
 			}
 			at = n
 		}
-		timer.Reset(time.Until(at))
+		timer.Reset(time.Until(at) - s.Spin)
 	}
 }

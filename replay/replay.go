@@ -93,6 +93,10 @@ type Options struct {
 	Stages pipeline.Options
 	// Registry gets the replay's own metrics; nil registers none.
 	Registry prometheus.Registerer
+	// NoSpin sleeps until each instant instead of yielding in a loop
+	// for its last 2 ms (openloop.Schedule): for a fake clock
+	// (testing/synctest), where a loop that never blocks stops time.
+	NoSpin bool
 }
 
 // Runner replays a trace. Create it with New, run it with Run.
@@ -195,6 +199,11 @@ func New(opts Options) *Runner {
 	return r
 }
 
+// spin is how long before each instant the scheduler stops sleeping and
+// yields in a loop (openloop.Schedule): two of the runtime's
+// millisecond-late timer wake-ups.
+const spin = 2 * time.Millisecond
+
 // ErrEmptyTrace is a trace with no request line.
 var ErrEmptyTrace = errors.New("the trace has no request")
 
@@ -248,6 +257,7 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 	start := time.Now()
 	scale := float64(time.Millisecond) * r.opts.TimeScale / rate
 	sched := func(ts int64) time.Time { return start.Add(time.Duration(float64(ts-base) * scale)) }
+	r.prepare(ctx, t, &cur, start)
 	var stepErr error
 	var wg sync.WaitGroup
 	next := func(time.Time) (time.Time, bool) {
@@ -262,6 +272,7 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 				return time.Time{}, false
 			}
 			if cur, err = b.build(req); err == nil {
+				r.prepare(ctx, t, &cur, at)
 				return at, true
 			}
 		}
@@ -269,7 +280,11 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 		return time.Time{}, false
 	}
 	fire := func(at time.Time) { r.fire(ctx, t, cur, at, &wg) }
-	at, pending := openloop.Run(ctx, start, next, fire)
+	sch := openloop.Schedule{Spin: spin}
+	if r.opts.NoSpin {
+		sch.Spin = 0
+	}
+	at, pending := sch.Run(ctx, start, next, fire)
 	if pending {
 		t.stoppedBy = "shutdown"
 		r.mu.Lock()
@@ -313,7 +328,7 @@ func (r *Runner) fire(ctx context.Context, t *tally, c call, at time.Time, wg *s
 		r.skip(t, c, at, reason)
 		return
 	}
-	wg.Go(func() { r.send(ctx, t, c, at) })
+	wg.Go(func() { r.send(t, c, at) })
 }
 
 func (r *Runner) nextID() string { return r.idpfx + "-" + strconv.FormatUint(r.seq.Add(1), 10) }
@@ -343,33 +358,46 @@ func (d *discard) WriteHeader(int)             {}
 func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discard) Flush()                      {}
 
-// send sends one request through an in-process proxy: the same tap,
-// record, SLO verdict, metrics, spans and sinks as live traffic,
-// labelled traffic="replay".
-func (r *Runner) send(ctx context.Context, t *tally, c call, at time.Time) {
-	var rec *record.Record
+// prepare makes c's proxy and HTTP request before its instant at, so
+// that nothing but the send is left for the instant: an in-process proxy
+// with the same tap, record, SLO verdict, metrics, spans and sinks as
+// live traffic, labelled traffic="replay".
+func (r *Runner) prepare(ctx context.Context, t *tally, c *call, at time.Time) {
 	id := r.nextID()
-	px, err := proxy.New(proxy.Options{Upstream: r.opts.Target, Transport: r.opts.Transport, Pipeline: r.pipe, InjectUsage: true,
+	out := &sendState{}
+	c.out = out
+	c.px, out.err = proxy.New(proxy.Options{Upstream: r.opts.Target, Transport: r.opts.Transport, Pipeline: r.pipe, InjectUsage: true,
 		Timeout: r.opts.Timeout, Traffic: Traffic, Engine: c.api.Engine, NextID: func() string { return id },
 		Check: func(x *record.Record) {
 			x.Replay = &record.ReplayInfo{Line: c.req.Line, Scheduled: at, Rate: t.rate}
-			rec = x
+			out.rec = x
 		}})
+	c.hreq, _ = http.NewRequestWithContext(ctx, http.MethodPost, c.path, bytes.NewReader(c.body))
+	c.hreq.Header.Set("Content-Type", "application/json")
+	for k, v := range r.opts.Header {
+		c.hreq.Header[k] = v
+	}
+}
+
+// sendState is what a request's send leaves: its finished record, or
+// why it could not be sent.
+type sendState struct {
+	rec *record.Record
+	err error
+}
+
+// send sends a prepared request and counts its record.
+func (r *Runner) send(t *tally, c call, at time.Time) {
 	var sent time.Time
-	if err == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.path, bytes.NewReader(c.body))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range r.opts.Header {
-			req.Header[k] = v
-		}
+	if c.out.err == nil {
 		sent = time.Now()
 		r.lag.Observe(sent.Sub(at).Seconds())
-		px.ServeHTTP(&discard{h: http.Header{}}, req) // the end stages have run when it returns
+		c.px.ServeHTTP(&discard{h: http.Header{}}, c.hreq) // the end stages have run when it returns
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inflight--
-	if sent.IsZero() || rec == nil {
+	if sent.IsZero() || c.out.rec == nil {
 		t.failed["error/not_recorded"]++
 		return
 	}
@@ -377,7 +405,7 @@ func (r *Runner) send(ctx context.Context, t *tally, c call, at time.Time) {
 	if t.first.IsZero() || sent.Before(t.first) {
 		t.first = sent
 	}
-	t.done(rec, c.want, r.names, r.bucketIndex, r.perLoad)
+	t.done(c.out.rec, c.want, r.names, r.bucketIndex, r.perLoad)
 }
 
 func (r *Runner) bucketIndex(label string) int {

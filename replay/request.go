@@ -3,8 +3,10 @@ package replay
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 
+	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/workload"
 )
@@ -32,6 +34,11 @@ type call struct {
 	// want is the output tokens asked for (max_tokens), -1 when the
 	// line gave no output_length.
 	want int64
+	// px and hreq are the proxy and the request, made before the
+	// instant (Runner.prepare); out is what the send leaves.
+	px   *proxy.Proxy
+	hreq *http.Request
+	out  *sendState
 }
 
 // builder turns trace lines into requests.
