@@ -251,7 +251,7 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 	}
 	cur, err := b.build(first)
 	if err != nil {
-		return t, err
+		return t, r.lineError(first, err)
 	}
 	base := first.Timestamp
 	start := time.Now()
@@ -275,6 +275,7 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 				r.prepare(ctx, t, &cur, at)
 				return at, true
 			}
+			err = r.lineError(req, err)
 		}
 		stepErr, t.stoppedBy = err, "error"
 		return time.Time{}, false
@@ -295,6 +296,16 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 	wg.Wait()
 	t.scheduledSpan = time.Duration(float64(t.traceLast-t.traceFirst) * scale)
 	return t, stepErr
+}
+
+// lineError is a line the replay cannot send, named as the reader names
+// bad lines.
+func (r *Runner) lineError(req workload.Request, err error) error {
+	name := r.opts.Trace
+	if name == "" {
+		name = "trace"
+	}
+	return &workload.LineError{File: name, Line: req.Line, Err: err}
 }
 
 // count counts a request at its instant; r.mu is held.

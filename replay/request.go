@@ -2,7 +2,7 @@ package replay
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"net/http"
 	"strings"
 
@@ -69,7 +69,7 @@ func (b *builder) build(req workload.Request) (call, error) {
 		}
 	}
 	if model == "" {
-		return c, fmt.Errorf("line %d: no model: the line names none (tokentap.model); give --model", req.Line)
+		return c, errors.New("no model: the line names none (tokentap.model); give --model")
 	}
 	text := req.Text
 	if text == "" {
