@@ -12,20 +12,20 @@ import (
 	"github.com/tokentap/tokentap/workload"
 )
 
-func runMain(t *testing.T, env Env, args ...string) (error, string, string) {
+func runMain(t *testing.T, env Env, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	env.Stdout, env.Stderr = &out, &errb
 	if env.Getenv == nil {
 		env.Getenv = func(string) string { return "" }
 	}
-	err := Main(t.Context(), args, env)
-	return err, out.String(), errb.String()
+	err = Main(t.Context(), args, env)
+	return out.String(), errb.String(), err
 }
 
 // Bad flags: every problem named at once, exit 2.
 func TestMainBadFlags(t *testing.T) {
-	err, _, stderr := runMain(t, Env{}, "--target", "ftp://x", "--time-scale", "0", "--rate", "2", "--rates", "1,3,2", "--max-in-flight", "0", "--api", "nope")
+	_, stderr, err := runMain(t, Env{}, "--target", "ftp://x", "--time-scale", "0", "--rate", "2", "--rates", "1,3,2", "--max-in-flight", "0", "--api", "nope")
 	if ExitCode(err) != 2 {
 		t.Fatalf("exit %d: %v", ExitCode(err), err)
 	}
@@ -57,7 +57,7 @@ func TestMainBadTrace(t *testing.T) {
 			if c.name == "no model" {
 				model = nil
 			}
-			err, stdout, stderr := runMain(t, Env{}, append([]string{"--trace", path, "--target", url}, model...)...)
+			stdout, stderr, err := runMain(t, Env{}, append([]string{"--trace", path, "--target", url}, model...)...)
 			if ExitCode(err) != 2 || !strings.Contains(stderr, c.want) {
 				t.Fatalf("exit %d, stderr %q, want %q", ExitCode(err), stderr, c.want)
 			}
@@ -77,7 +77,7 @@ func TestMainUnreachableTarget(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
 	path := writeFile(t, "trace.jsonl", traceLine(0, 100, 4, nil, nil))
-	err, _, _ = runMain(t, Env{}, "--trace", path, "--target", "http://"+addr, "--model", "m")
+	_, _, err = runMain(t, Env{}, "--trace", path, "--target", "http://"+addr, "--model", "m")
 	if ExitCode(err) != 1 || !strings.Contains(err.Error(), "target http://"+addr+" unreachable") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("exit %d: %v", ExitCode(err), err)
 	}
@@ -123,7 +123,7 @@ func TestMainStreamsAHugeTrace(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	var rep *Report
-	err, stdout, stderr := runMain(t, Env{Open: open, Report: func(r *Report) { rep = r }},
+	stdout, stderr, err := runMain(t, Env{Open: open, Report: func(r *Report) { rep = r }},
 		"--trace", "huge.jsonl", "--target", url, "--model", "m", "--duration", "300ms")
 	if err != nil {
 		t.Fatalf("%v: %s", err, stderr)
