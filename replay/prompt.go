@@ -12,8 +12,8 @@ import (
 // BytesPerToken is the replay's exchange rate between a trace's token
 // counts and the text it synthesises: each token is one of the words
 // of vocabulary, three letters and a space, which the BPE tokenizers of
-// the common open models count as one token each (docs/capture.md,
-// "Replay"), and which the built-in simulator counts at 4 bytes a token.
+// the common open models count as one token each (docs/replay.md, "The
+// requests"), and which the built-in simulator counts at 4 bytes a token.
 const BytesPerToken = 4
 
 // ChatOverheadTokens is what a chat request adds to its text: the chat
@@ -70,8 +70,9 @@ func (p *prompts) words(b *strings.Builder, kind byte, id int64, n int) {
 }
 
 // text returns the prompt of req: tokens tokens of words, its blocks
-// shared by hash id, the rest its own (keyed by its line).
-func (p *prompts) text(req *workload.Request, tokens int64) string {
+// (of blockSize tokens; 0: the replay's --block-size) shared by hash id,
+// the rest its own (keyed by its line).
+func (p *prompts) text(req *workload.Request, tokens, blockSize int64) string {
 	if tokens <= 0 {
 		return ""
 	}
@@ -82,7 +83,10 @@ func (p *prompts) text(req *workload.Request, tokens int64) string {
 		if left <= 0 {
 			break
 		}
-		n := min(left, int64(p.blockSize))
+		if blockSize <= 0 {
+			blockSize = int64(p.blockSize)
+		}
+		n := min(left, blockSize)
 		p.words(&b, 'h', id, int(n))
 		left -= n
 	}

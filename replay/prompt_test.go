@@ -15,7 +15,7 @@ import (
 func TestPromptsShareByHashID(t *testing.T) {
 	p := newPrompts(8, 1)
 	text := func(line int64, n int64, ids ...int64) string {
-		return p.text(&workload.Request{Entry: workload.Entry{HashIDs: ids}, Line: line}, n)
+		return p.text(&workload.Request{Entry: workload.Entry{HashIDs: ids}, Line: line}, n, 0)
 	}
 	a := text(1, 20, 5, 6, 7)
 	b := text(2, 24, 5, 6, 9)
@@ -33,8 +33,13 @@ func TestPromptsShareByHashID(t *testing.T) {
 	if text(4, 20) == text(5, 20) {
 		t.Error("lines without hash ids share their text")
 	}
-	if other := newPrompts(8, 2); other.text(&workload.Request{Entry: workload.Entry{HashIDs: []int64{5}}}, 8) == a[:block] {
+	if other := newPrompts(8, 2); other.text(&workload.Request{Entry: workload.Entry{HashIDs: []int64{5}}}, 8, 0) == a[:block] {
 		t.Error("another salt, the same text")
+	}
+	// A capture's own block size wins over the replay's.
+	big := p.text(&workload.Request{Entry: workload.Entry{HashIDs: []int64{5, 6}}}, 20, 16)
+	if big[:block] != a[:block] || big[:2*block+1] == a[:2*block+1] {
+		t.Errorf("block size 16: the first block is id 5's 16 tokens, not 8 of id 5's and 8 of id 6's:\n%q\n%q", big, a)
 	}
 	for _, w := range vocabulary {
 		if len(w) != BytesPerToken-1 {

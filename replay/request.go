@@ -13,7 +13,7 @@ import (
 
 // ignoreEOS is, per API, the request member that makes the engine
 // generate exactly max_tokens tokens rather than stop at its end of
-// sequence (docs/capture.md, "Replay"): vLLM's and SGLang's ignore_eos on
+// sequence (docs/replay.md): vLLM's and SGLang's ignore_eos on
 // the OpenAI routes, llama.cpp's ignore_eos. The other APIs have none
 // (Ollama's options.num_predict, TGI's max_new_tokens, the Responses,
 // Messages and Gemini limits are caps): their answers may be shorter.
@@ -57,7 +57,9 @@ func (b *builder) build(req workload.Request) (call, error) {
 	c := call{req: req, api: b.api, want: -1}
 	streamed := b.stream
 	model := b.model
+	var blockSize int64 // the capture's own, when the line says
 	if m := req.Tokentap; m != nil {
+		blockSize = m.BlockSize
 		if a := stream.LookupAPI(m.API); a != nil && a.Probe != nil {
 			c.api = a
 		}
@@ -77,7 +79,7 @@ func (b *builder) build(req workload.Request) (call, error) {
 		if c.api.Operation == stream.OpChat {
 			n -= ChatOverheadTokens
 		}
-		text = b.prompts.text(&req, max(n, 1))
+		text = b.prompts.text(&req, max(n, 1), blockSize)
 	}
 	maxTokens := 0
 	if req.HasOutputLength {
