@@ -374,13 +374,13 @@ func (d *discard) Flush()                      {}
 // with the same tap, record, SLO verdict, metrics, spans and sinks as
 // live traffic, labelled traffic="replay".
 func (r *Runner) prepare(ctx context.Context, t *tally, c *call, at time.Time) {
-	id := r.nextID()
+	id, line, rate := r.nextID(), c.req.Line, t.rate // not c: the scheduler reuses it
 	out := &sendState{}
 	c.out = out
 	c.px, out.err = proxy.New(proxy.Options{Upstream: r.opts.Target, Transport: r.opts.Transport, Pipeline: r.pipe, InjectUsage: true,
 		Timeout: r.opts.Timeout, Traffic: Traffic, Engine: c.api.Engine, NextID: func() string { return id },
 		Check: func(x *record.Record) {
-			x.Replay = &record.ReplayInfo{Line: c.req.Line, Scheduled: at, Rate: t.rate}
+			x.Replay = &record.ReplayInfo{Line: line, Scheduled: at, Rate: rate}
 			out.rec = x
 		}})
 	c.hreq, _ = http.NewRequestWithContext(ctx, http.MethodPost, c.path, bytes.NewReader(c.body))
