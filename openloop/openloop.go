@@ -1,6 +1,6 @@
 // Package openloop runs an open-loop schedule: each instant fires when it
 // is due, whatever became of the ones before it. The canary prober and
-// tokentap replay share it (docs/measurement.md §7, docs/replay.md).
+// tokentap replay share it (docs/measurement.md §7, docs/capture.md, "Replay").
 //
 // A scheduler that falls behind (a stalled goroutine, a busy machine)
 // fires every instant that came due meanwhile, late, at once: none is
@@ -23,7 +23,7 @@ type Schedule struct {
 	// Spin, when above 0, wakes that long before each instant and
 	// yields the processor in a loop until it: sends within tens of
 	// microseconds of their instant on an idle machine, for at most Spin
-	// of CPU per instant (tokentap replay: docs/replay.md).
+	// of CPU per instant (tokentap replay: docs/capture.md, "Replay").
 	Spin time.Duration
 }
 

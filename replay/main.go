@@ -64,7 +64,7 @@ type Env struct {
 // MaxRates bounds --rates (each step is a load bucket of the rate knee).
 const MaxRates = config.MaxLoadBuckets
 
-// flags are the replay's command line (docs/replay.md).
+// flags are the replay's command line (docs/capture.md, "Replay").
 type flags struct {
 	trace, target, configFile, api, model string
 	timeScale, rate                       float64
@@ -118,7 +118,7 @@ func parse(args []string, stderr io.Writer) (flags, Options, error) {
 	fs.StringVar(&f.adminListen, "admin-listen", "", "serve /metrics here while the replay runs (off when empty)")
 	fs.StringVar(&f.apiKeyEnv, "api-key-env", "", "the environment variable holding the target's API key (sent as a bearer token)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: tokentap replay --trace FILE --target URL [flags]\n\nReplays a workload trace open-loop on its timestamps, measured as live traffic is (docs/replay.md).\n\n")
+		fmt.Fprintf(stderr, "Usage: tokentap replay --trace FILE --target URL [flags]\n\nReplays a workload trace open-loop on its timestamps, measured as live traffic is (docs/capture.md#replay).\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

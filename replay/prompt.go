@@ -12,8 +12,9 @@ import (
 // BytesPerToken is the replay's exchange rate between a trace's token
 // counts and the text it synthesises: each token is one of the words
 // of vocabulary, three letters and a space, which the BPE tokenizers of
-// the common open models count as one token each (docs/replay.md, "The
-// requests"), and which the built-in simulator counts at 4 bytes a token.
+// the common open models count as one token each (docs/capture.md,
+// "The requests"), and which the built-in simulator counts at 4 bytes a
+// token.
 const BytesPerToken = 4
 
 // ChatOverheadTokens is what a chat request adds to its text: the chat

@@ -7,7 +7,7 @@
 // and verdict, goodput, the latency quantiles, the knee by load bucket
 // and, for a stepped series of rates, in arrival rate; the schedule lag;
 // production beside replay when the trace carries its latencies
-// (docs/replay.md).
+// (docs/capture.md, "Replay").
 package replay
 
 import (
@@ -187,7 +187,7 @@ func New(opts Options) *Runner {
 	var b [4]byte
 	_, _ = crand.Read(b[:])
 	r.idpfx = "replay-" + hex.EncodeToString(b[:])
-	r.lag = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tokentap_replay_schedule_lag_seconds", Help: "sent − scheduled for every replayed request sent (docs/replay.md).",
+	r.lag = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tokentap_replay_schedule_lag_seconds", Help: "sent − scheduled for every replayed request sent (docs/capture.md#replay).",
 		Buckets: []float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5}})
 	r.scheduled = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_replay_scheduled_total", Help: "Replayed requests that reached their scheduled instant: each was sent, or counted in tokentap_replay_not_sent_total."})
 	r.notSent = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_replay_not_sent_total", Help: "Replayed requests not sent at their instant, by reason (concurrency_cap, shutdown): recorded, never dropped."}, []string{"reason"})

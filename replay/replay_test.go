@@ -44,7 +44,7 @@ func writeFile(t *testing.T, name, s string) string {
 // is measured, and production sits beside replay in the report.
 //
 // The schedule lag is a real-time figure of the machine: the test logs
-// its p99 (docs/replay.md states the figure measured) and asserts only
+// its p99 (docs/capture.md, "Replay", states the figure measured) and asserts only
 // what holds on a busy machine: it is measured for each request sent,
 // never negative.
 func TestReplayCaptureAgainstSimulator(t *testing.T) {

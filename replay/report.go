@@ -182,9 +182,9 @@ func fmtCounts(m map[string]int64) string {
 	return fmt.Sprintf("%d (%s)", n, strings.Join(parts, ", "))
 }
 
-// Print writes the report for people (docs/replay.md, "The report").
+// Print writes the report for people (docs/capture.md, "Replay", "The report").
 func (rep *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "tokentap replay report (traffic=replay; definitions: docs/replay.md#the-report)\n")
+	fmt.Fprintf(w, "tokentap replay report (traffic=replay; definitions: docs/capture.md#the-report)\n")
 	if rep.BaseRate > 0 {
 		fmt.Fprintf(w, "trace arrival rate at rate 1: %.3g req/s\n", rep.BaseRate)
 	}

@@ -13,7 +13,7 @@ import (
 
 // ignoreEOS is, per API, the request member that makes the engine
 // generate exactly max_tokens tokens rather than stop at its end of
-// sequence (docs/replay.md): vLLM's and SGLang's ignore_eos on
+// sequence (docs/capture.md, "Replay"): vLLM's and SGLang's ignore_eos on
 // the OpenAI routes, llama.cpp's ignore_eos. The other APIs have none
 // (Ollama's options.num_predict, TGI's max_new_tokens, the Responses,
 // Messages and Gemini limits are caps): their answers may be shorter.
