@@ -204,6 +204,10 @@ func New(opts Options) *Runner {
 // millisecond-late timer wake-ups.
 const spin = 2 * time.Millisecond
 
+// lead is how long after a step begins its first request is due: time
+// to prepare it.
+const lead = 5 * time.Millisecond
+
 // ErrEmptyTrace is a trace with no request line.
 var ErrEmptyTrace = errors.New("the trace has no request")
 
@@ -254,7 +258,7 @@ func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
 		return t, r.lineError(first, err)
 	}
 	base := first.Timestamp
-	start := time.Now()
+	start := time.Now().Add(lead) // the first request is prepared before its instant too
 	scale := float64(time.Millisecond) * r.opts.TimeScale / rate
 	sched := func(ts int64) time.Time { return start.Add(time.Duration(float64(ts-base) * scale)) }
 	r.prepare(ctx, t, &cur, start)
