@@ -139,13 +139,14 @@ type Data struct {
 	Seq       uint64 `json:"seq"`
 	Unchanged bool   `json:"unchanged,omitempty"`
 	// Capacity is how many records the page keeps (Options.Requests).
-	Capacity         int     `json:"capacity"`
-	StallThresholdMS float64 `json:"stall_threshold_ms"`
-	Synthetic        string  `json:"synthetic,omitempty"`
+	Capacity         int           `json:"capacity"`
+	StallThresholdMS float64       `json:"stall_threshold_ms"`
+	Synthetic        string        `json:"synthetic,omitempty"`
+	Trend            *slo.TrendDoc `json:"trend,omitempty"`
 	// Records are the newest finished requests, oldest first, each as
 	// its record line (docs/records.md): never a prompt or an answer.
-	Records []json.RawMessage `json:"records"`
-	Trend   *slo.TrendDoc     `json:"trend,omitempty"`
+	// Written last (serveData); empty when Unchanged.
+	Records []json.RawMessage `json:"records,omitempty"`
 }
 
 // ServeHTTP serves GET /live (the page), /live/static/* (its files) and
@@ -199,24 +200,43 @@ func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
 	}
 	recs, seq := p.last(n)
 	d := Data{Generated: p.o.Clock().UTC(), Seq: seq, Capacity: len(p.ring), StallThresholdMS: float64(p.o.StallThreshold) / 1e6,
-		Synthetic: p.o.Synthetic, Records: []json.RawMessage{}}
-	if hasSince && since == seq {
-		d.Unchanged = true
-		p.counted.WithLabelValues("unchanged").Inc()
-	} else {
-		p.counted.WithLabelValues("served").Inc()
-		for _, rec := range recs {
-			b, err := rec.MarshalJSON()
-			if err == nil {
-				d.Records = append(d.Records, b)
-			}
-		}
-	}
+		Synthetic: p.o.Synthetic, Unchanged: hasSince && since == seq}
 	if p.o.Trend != nil {
 		t := p.o.Trend.Doc()
 		d.Trend = &t
 	}
+	// The document is written in two parts: everything but the records
+	// through encoding/json, then the records as their own encoder
+	// wrote them (encoding/json would check and compact each again,
+	// doubling a poll's cost).
+	d.Records = nil
+	head, err := json.Marshal(d)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var lines [][]byte
+	size := len(head) + 16
+	if hasSince && since == seq {
+		p.counted.WithLabelValues("unchanged").Inc()
+	} else {
+		p.counted.WithLabelValues("served").Inc()
+		for _, rec := range recs {
+			b, _ := rec.MarshalJSON() // never fails
+			lines = append(lines, b)
+			size += len(b) + 1
+		}
+	}
+	out := append(make([]byte, 0, size), head[:len(head)-1]...)
+	out = append(out, `,"records":[`...)
+	for i, b := range lines {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, b...)
+	}
+	out = append(out, "]}\n"...)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	json.NewEncoder(w).Encode(d)
+	w.Write(out)
 }

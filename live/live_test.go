@@ -189,3 +189,30 @@ func BenchmarkWrite(b *testing.B) {
 		p.Write(r)
 	}
 }
+
+// BenchmarkPoll is one poll of an open page: /live/data with the page's
+// default 30 records (or 1,000, the most it can ask), each of 64 token
+// events, and the 15-minute trend. The page polls once every 2 s.
+func BenchmarkPoll(b *testing.B) {
+	for _, n := range []int{30, 1000} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			p := New(Options{Requests: n})
+			t0 := time.Unix(1000, 0)
+			for i := range n {
+				r := record.New(64)
+				r.ID, r.Traffic, r.API, r.Stream, r.Arrive = fmt.Sprintf("r-%d", i), "live", record.APIChat, true, t0
+				for k := range 64 {
+					r.AddToken(t0.Add(time.Duration(100+20*k)*time.Millisecond), 1, true)
+				}
+				r.Outcome, r.HTTPStatus, r.OutputTokens, r.Terminal = record.Success, 200, 64, t0.Add(2*time.Second)
+				p.Write(r)
+			}
+			url := fmt.Sprintf("/live/data?n=%d", n)
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				p.ServeHTTP(w, httptest.NewRequest(http.MethodGet, url, nil))
+			}
+		})
+	}
+}
