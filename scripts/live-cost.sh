@@ -45,7 +45,7 @@ proxy="127.0.0.1:$(port)" admin="127.0.0.1:$(port)"
 sidecar=$!
 pids+=("$sidecar")
 for _ in $(seq 100); do curl -sf "http://$admin/healthz" >/dev/null && break; sleep 0.1; done
-total=$(( (2 * ROUNDS) * WINDOW + 30 ))
+total=$(( (2 * ROUNDS) * WINDOW + 10 * ROUNDS + 60 )) # the windows, each browser's start, the warm-up, slack
 "$work/soak" -url "http://$proxy" -streams "$STREAMS" -duration "${total}s" -model tokentap-sim -report 0 >"$work/soak.log" 2>&1 &
 pids+=("$!")
 sleep 10 # warm-up: every stream in flight
