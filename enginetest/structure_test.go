@@ -91,7 +91,7 @@ func TestStructureForcedToolCall(t *testing.T) {
 				body := `{"model":"` + toolsModel + `","stream":` + map[bool]string{true: "true", false: "false"}[stream] +
 					`,"messages":[{"role":"user","content":"the weather in paris?"}],` +
 					`"tools":[{"type":"function","function":{"name":"get_weather","description":"the weather in a city","parameters":` + c.params + `}}],` +
-					`"format":` + format + `,"options":{"num_predict":64,"temperature":0,"seed":7}}`
+					`"format":` + format + `,"options":{"num_predict":128,"temperature":0,"seed":7}}`
 				x := post(t, s.proxy, "/api/chat", body, nil)
 				r := s.next(t)
 				if x.status != 200 {
@@ -147,5 +147,68 @@ func TestStructureForcedToolCall(t *testing.T) {
 				t.Logf("Ollama called %s; record: structure %v %v, verdict qualified %v failed %v", calls[0], r.raw["structure"], failed, qualified, vFailed)
 			})
 		}
+	}
+}
+
+// TestStructureFormatOutput: the JSON-schema format path alone
+// (output_schema), on /api/generate. Ollama constrains the answer to the
+// format's grammar, so an answer that breaks the declared schema needs a
+// keyword the grammar does not enforce: llama.cpp's
+// json-schema-to-grammar (which Ollama's llm/server.go calls) ignores
+// "not", so {"city": "paris"} is generated under a schema that forbids
+// it. The check passes on the plain schema and fails, naming
+// output_schema, on the one with "not".
+func TestStructureFormatOutput(t *testing.T) {
+	w := setup(t)
+	cfg := filepath.Join(t.TempDir(), "tokentap.yaml")
+	os.WriteFile(cfg, []byte(`slo:
+  objectives:
+    - name: answers
+      target: 0.9
+      structure: required
+      thresholds:
+        e2e: 10m
+`), 0o644)
+	s := startSidecar(t, w, "--config", cfg)
+	const city = `"type":"object","properties":{"city":{"enum":["paris"]}},"required":["city"],"additionalProperties":false`
+	for _, c := range []struct {
+		name, format string
+		want         []string
+	}{
+		{"met", `{` + city + `}`, nil},
+		{"unmet", `{` + city + `,"not":{"required":["city"]}}`, []string{"output_schema"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body := `{"model":"` + modelName + `","stream":true,"prompt":"the weather in paris?","format":` + c.format +
+				`,"options":{"num_predict":64,"temperature":0,"seed":7}}`
+			x := post(t, s.proxy, "/api/generate", body, nil)
+			r := s.next(t)
+			var answer strings.Builder
+			for line := range bytes.Lines(x.body) {
+				var m struct {
+					Response string `json:"response"`
+				}
+				json.Unmarshal(line, &m)
+				answer.WriteString(m.Response)
+			}
+			var got map[string]any
+			if x.status != 200 || json.Unmarshal([]byte(answer.String()), &got) != nil || got["city"] != "paris" {
+				t.Fatalf("status %d, answer %q: want the forced object", x.status, answer.String())
+			}
+			status := "pass"
+			if c.want != nil {
+				status = "fail"
+			}
+			var failed []string
+			if f, ok := r.raw["structure_failed"].([]any); ok {
+				for _, v := range f {
+					failed = append(failed, v.(string))
+				}
+			}
+			if r.Outcome != "success" || r.raw["structure"] != status || !slices.Equal(failed, c.want) || strings.Contains(r.String(), "paris") {
+				t.Fatalf("record %s: want success, structure %s %v, no answer text", r, status, c.want)
+			}
+			t.Logf("Ollama answered %s; record: structure %v %v", answer.String(), r.raw["structure"], failed)
+		})
 	}
 }
