@@ -118,9 +118,12 @@ func Run(ctx context.Context, args []string, env Env) error {
 }
 
 // printConfig prints the effective configuration (--config.check), with
-// any password in the upstream URL hidden.
+// any password in the upstream URL and the tenant hash's secret hidden.
 func printConfig(w io.Writer, cfg config.Config) error {
 	cfg.Upstream = config.Redacted(cfg.Upstream)
+	if cfg.Tenant.HashKey != "" {
+		cfg.Tenant.HashKey = "xxxxx"
+	}
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		return err

@@ -95,6 +95,9 @@ type Config struct {
 	// Capture writes the workload trace (docs/capture.md); off unless
 	// capture.file (--capture) is set.
 	Capture Capture `yaml:"capture"`
+	// Tenant resolves who each request is for (docs/config.md, tenant);
+	// off unless tenant.from is set.
+	Tenant Tenant `yaml:"tenant"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -347,6 +350,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	c.Live.bind(fs)
 	c.Demo.bind(fs)
 	c.Capture.bind(fs)
+	c.Tenant.bind(fs)
 }
 
 // Validate returns one error per problem, each naming its setting.
@@ -423,6 +427,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Demo.Validate()...)
 	errs = append(errs, c.Egress.Validate()...)
 	errs = append(errs, c.Capture.Validate()...)
+	errs = append(errs, c.Tenant.Validate()...)
 	return errs
 }
 

@@ -142,6 +142,27 @@ type API struct {
 	// intercept list is every API's Hosts, then every API's AlsoHosts
 	// (EgressHosts).
 	Hosts, AlsoHosts []string
+	// KeyHeaders are the request headers that carry its API key, in the
+	// order tried ("Authorization" holds a bearer token); nil means
+	// DefaultKeyHeaders. KeyQuery is the URL query parameter that may
+	// carry it instead ("" when none). The sidecar reads them only to
+	// hash the key into a tenant identity (docs/config.md, tenant).
+	KeyHeaders []string
+	KeyQuery   string
+}
+
+// DefaultKeyHeaders carry the API key of an API that names none: the
+// bearer token of the OpenAI API and of the engines that take one
+// (vLLM's --api-key, SGLang, TGI, llama.cpp, an Ollama behind a proxy).
+var DefaultKeyHeaders = []string{"Authorization"}
+
+// Keys returns the headers that carry a's API key (KeyHeaders, or
+// DefaultKeyHeaders).
+func (a *API) Keys() []string {
+	if a == nil || a.KeyHeaders == nil {
+		return DefaultKeyHeaders
+	}
+	return a.KeyHeaders
 }
 
 // Route is one path an API is served at. The path matches when, without
@@ -269,7 +290,8 @@ var (
 			Prompt: []string{"tools", "messages"}},
 		Probe:      openAIProbe("/v1/chat/completions", true),
 		SpanRoutes: []string{"/v1/chat/completions", "/chat/completions"},
-		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"}}
+		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"},
+		KeyHeaders: []string{"Authorization", "api-key"}} // api-key: Azure OpenAI
 	APICompletions = &API{Name: NameCompletions, Format: FormatOpenAI, Operation: OpTextCompletion,
 		Routes:     []Route{{Path: "/completions"}},
 		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true, Prompt: []string{"prompt"}},
@@ -289,7 +311,8 @@ var (
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/messages", map[string]any{"model": p.Model, "messages": chatMessages(p.Prompt), "max_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		},
-		Hosts: []string{"api.anthropic.com"}}
+		Hosts:      []string{"api.anthropic.com"},
+		KeyHeaders: []string{"x-api-key", "Authorization"}}
 	APIOllamaChat = &API{Name: NameOllamaChat, Format: FormatOllama, Operation: OpChat,
 		Routes: []Route{{Path: "/api/chat"}},
 		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",

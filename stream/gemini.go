@@ -39,7 +39,8 @@ var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
 		return path, map[string]any{"contents": []map[string]any{{"role": "user", "parts": []map[string]string{{"text": p.Prompt}}}},
 			"generationConfig": map[string]any{"maxOutputTokens": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed}}
 	},
-	Hosts: []string{"generativelanguage.googleapis.com"}}
+	Hosts:      []string{"generativelanguage.googleapis.com"},
+	KeyHeaders: []string{"x-goog-api-key", "Authorization"}, KeyQuery: "key"}
 
 // geminiModel is the model a Gemini path names: the last segment before
 // the ":method" (models/{model}:generateContent, tunedModels/{model}:...).
