@@ -78,6 +78,9 @@ type Options struct {
 	// ProbeHeader is the secret that marks the sidecar's own probes
 	// (proxy.Options.ProbeHeader): forwarded, not recorded twice.
 	ProbeHeader string
+	// Tenants identifies each request's tenant (proxy.Options.Tenants);
+	// nil: none.
+	Tenants proxy.Tenants
 	// Structure checks the structure of answers (proxy.Options.Structure);
 	// nil checks nothing.
 	Structure *structure.Checker
@@ -620,6 +623,7 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 		TargetRule:      t.rule,
 		Ends:            &p.ends,
 		Structure:       p.opts.Structure,
+		Tenants:         p.opts.Tenants,
 	})
 }
 

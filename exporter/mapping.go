@@ -17,7 +17,7 @@ type Label uint8
 
 // Labels of the per-request instruments. Every value is bounded: fixed
 // enums, configured names (probes, SLOs, classes), or the bounded model
-// label.
+// and tenant labels.
 const (
 	LOperation   Label = iota // gen_ai.operation.name: chat, text_completion, other
 	LModel                    // bounded gen_ai.request.model
@@ -39,6 +39,7 @@ const (
 	LConnReused               // true, false
 	LResult                   // a structure check's result: pass, fail, unchecked
 	LCheck                    // a structure check that failed (structure.Checks)
+	LTenant                   // the bounded tenant label (package tenant)
 	numLabels
 )
 
@@ -52,11 +53,12 @@ type Labels [numLabels]string
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
 		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target",
-		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused", "result", "check"}
+		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused", "result", "check", "tenant"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
 		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type",
-		"tokentap.upstream.phase", "tokentap.upstream.conn_reused", "tokentap.structure.result", "tokentap.structure.check"}
+		"tokentap.upstream.phase", "tokentap.upstream.conn_reused", "tokentap.structure.result", "tokentap.structure.check",
+		"tokentap.tenant"}
 )
 
 // Instrument is one per-request metric.
@@ -100,6 +102,10 @@ const (
 	StructureChecked
 	StructureFailures
 	SLOFastInvalid
+	SLOOfferedByTenant // the SLO counters again by tenant, when tenants are on
+	SLOQualifiedByTenant
+	SLOQualifiedTokensByTenant
+	TenantOutputTokens
 	numInstruments
 )
 
@@ -250,6 +256,18 @@ var specs = [numInstruments]Spec{
 		Help: "Answers that failed a structure check, by check: tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large. An answer failing two checks counts under both."},
 	SLOFastInvalid: {Prom: "tokentap_slo_fast_invalid_total", OTel: "tokentap.slo.fast_invalid", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
 		Help: "Offered requests that failed the SLO on structure checks alone: a success within every latency threshold whose answer does not hold as structure. Over tokentap_slo_requests_total: the share of fast but invalid answers."},
+	// Per tenant (docs/slo.md, per tenant), only when tenants are on:
+	// the SLO counters again, by the bounded tenant label, and every
+	// live request's output tokens by tenant (the cost rules share the
+	// replica's cost by them).
+	SLOOfferedByTenant: {Prom: "tokentap_slo_requests_by_tenant_total", OTel: "tokentap.slo.requests_by_tenant", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LTenant},
+		Help: "Requests offered to each SLO by tenant (tenant: a declared name, t- and 12 hex characters of a keyed hash, _other past max_tenants, _none without an identity): the per-tenant attainment denominator."},
+	SLOQualifiedByTenant: {Prom: "tokentap_slo_qualified_requests_by_tenant_total", OTel: "tokentap.slo.qualified_requests_by_tenant", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LTenant},
+		Help: "Requests that qualified for each SLO by tenant: the per-tenant attainment numerator."},
+	SLOQualifiedTokensByTenant: {Prom: "tokentap_slo_qualified_output_tokens_by_tenant_total", OTel: "tokentap.slo.qualified_output_tokens_by_tenant", Unit: "{token}", Counter: true, Labels: []Label{LSLO, LTenant},
+		Help: "Output tokens of qualified requests by tenant: rate() of it is each tenant's token goodput."},
+	TenantOutputTokens: {Prom: "tokentap_tenant_output_tokens_total", OTel: "tokentap.tenant.output_tokens", Unit: "{token}", Counter: true, Labels: []Label{LTraffic, LTenant},
+		Help: "Output tokens of finished requests by tenant, whether or not they met an SLO (as gen_ai_client_inference_usage_output_tokens_total): each tenant's share of the tokens, by which the cost rules share the replica's cost."},
 }
 
 // BaseLabels are the labels fixed at a request's start: its key. The
@@ -308,6 +326,10 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 	if r.OutputTokens > 0 {
 		emit(OutputTokens, float64(r.OutputTokens), &l)
 	}
+	l[LTenant] = r.Tenant
+	if r.Tenant != "" && r.OutputTokens > 0 {
+		emit(TenantOutputTokens, float64(r.OutputTokens), &l)
+	}
 	for i := range r.SLO {
 		v := &r.SLO[i]
 		l[LSLO] = v.Name
@@ -330,6 +352,15 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 				emit(SLOQualifiedByLoad, 1, &l)
 				if r.OutputTokens > 0 {
 					emit(SLOQualifiedTokensByLoad, float64(r.OutputTokens), &l)
+				}
+			}
+		}
+		if r.Tenant != "" {
+			emit(SLOOfferedByTenant, 1, &l)
+			if v.Qualified {
+				emit(SLOQualifiedByTenant, 1, &l)
+				if r.OutputTokens > 0 {
+					emit(SLOQualifiedTokensByTenant, float64(r.OutputTokens), &l)
 				}
 			}
 		}

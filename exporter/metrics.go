@@ -29,6 +29,9 @@ type Config struct {
 	// SLOs are the declared SLO names: their counters exist from the
 	// start, so rules see 0 rather than no data.
 	SLOs []string
+	// Tenants are the declared tenants (tenants on): their per-tenant
+	// SLO counters exist from the start too.
+	Tenants []string
 	// ProviderName is gen_ai.provider.name on the GenAI client metrics
 	// (client.go), as on the spans (config.Tracing.ProviderName); empty
 	// means DefaultProviderName.
@@ -118,6 +121,11 @@ func New(cfg Config) *Metrics {
 	for _, s := range cfg.SLOs {
 		for _, i := range []Instrument{SLOOffered, SLOQualified, SLOQualifiedTokens} {
 			m.vecs[i].(*prometheus.CounterVec).WithLabelValues(s)
+		}
+		for _, t := range cfg.Tenants {
+			for _, i := range []Instrument{SLOOfferedByTenant, SLOQualifiedByTenant, SLOQualifiedTokensByTenant} {
+				m.vecs[i].(*prometheus.CounterVec).WithLabelValues(s, t)
+			}
 		}
 	}
 	return m

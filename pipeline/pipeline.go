@@ -4,7 +4,8 @@
 // in which the record is completed and published.
 //
 //	proxy/tap ─ outcome, tokens final ─► End
-//	  1. live observers done            (in-flight gauges; the load it ran under)
+//	  1. live observers done            (in-flight gauges; the load it ran under;
+//	                                     the model and tenant labels bounded)
 //	  2. canary check                   (probe: quality check, rec.Probe)
 //	  3. SLO verdict                    (slo.Judge: classes, stalls, verdicts)
 //	     engine signals                 (engine.Scraper: preemptions during, stall cause)
@@ -46,6 +47,9 @@ type Options struct {
 	// Models bounds the model label of every backend at the end (the
 	// Prometheus live observer shares it); nil keeps names as they are.
 	Models Models
+	// Tenants bounds the tenant label (tenant.Resolver): the record's
+	// identity becomes its label at the end; nil keeps it as it is.
+	Tenants Tenants
 	// Judge gives the SLO verdict (stage 3); nil judges nothing.
 	Judge Judge
 	// Engine ties the engine's own signals to the request, right after
@@ -96,6 +100,15 @@ type Models interface {
 	Admit(model string) string
 	// Label returns the label of a model without admitting it.
 	Label(model string) string
+}
+
+// Tenants bounds the tenant label (tenant.Resolver).
+type Tenants interface {
+	// Admit returns the label of the identity of a request the engine
+	// has just served, giving it a slot of its own while there is room.
+	Admit(id string) string
+	// Label returns the label of an identity without admitting it.
+	Label(id string) string
 }
 
 // Judge gives a finished record its SLO verdict (slo.Judge).
@@ -192,6 +205,7 @@ type Pipeline struct{ o Options }
 func New(o Options) *Pipeline {
 	unset(&o.Live)
 	unset(&o.Models)
+	unset(&o.Tenants)
 	unset(&o.Judge)
 	unset(&o.Engine)
 	unset(&o.Energy)
@@ -354,6 +368,13 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 			q.key.Model = p.o.Models.Admit(q.model)
 		} else {
 			q.key.Model = p.o.Models.Label(q.model)
+		}
+	}
+	if p.o.Tenants != nil && rec.Tenant != "" {
+		if served(rec) {
+			rec.Tenant = p.o.Tenants.Admit(rec.Tenant)
+		} else {
+			rec.Tenant = p.o.Tenants.Label(rec.Tenant)
 		}
 	}
 	// 2. A canary probe checks its answer and says so in the record.

@@ -96,10 +96,21 @@ type Options struct {
 	// runs them before ServeHTTP returns (the canary probe reads its
 	// check's result then).
 	Ends *Ends
+	// Tenants, if set, identifies each request's tenant from its headers
+	// once, at arrival (record.Record.Tenant; the pipeline bounds it at
+	// the end). Nil: no tenant.
+	Tenants Tenants
 	// Structure, if set, checks the structure of the answers to requests
 	// that declare tools or a JSON output (docs/slo.md, "Structure"):
 	// record.Record.Structure. Nil checks nothing and keeps nothing.
 	Structure *structure.Checker
+}
+
+// Tenants identifies a request's tenant (tenant.Resolver): a declared
+// name, a keyed hash of its header or API key, or "_none"; never the
+// value read.
+type Tenants interface {
+	Identify(r *http.Request, api string) string
 }
 
 // Proxy is an http.Handler. Create it with New.
@@ -354,6 +365,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 			rec := record.New(0)
 			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
 			rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
+			rec.Tenant = p.tenant(r, api)
 			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
@@ -389,6 +401,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 	rec.API, rec.Stream, rec.MaxTokens, rec.RequestRead = info.API, info.Stream, info.MaxTokens, info.Read
 	rec.SetModel(info.Model)
+	rec.Tenant = p.tenant(r, info.API)
 	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info, body: idle}
 	start := pipeline.Start{
 		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
@@ -422,6 +435,14 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		r.Header.Set("Accept-Encoding", "identity") // so that the engine answers uncompressed
 	}
 	return st, start
+}
+
+// tenant is the identity of r's tenant (Options.Tenants), "" with none.
+func (p *Proxy) tenant(r *http.Request, api record.API) string {
+	if p.opts.Tenants == nil {
+		return ""
+	}
+	return p.opts.Tenants.Identify(r, string(api))
 }
 
 // begin starts the request's pipeline and its contexts, and returns the

@@ -29,6 +29,7 @@ var members = func() []member {
 			return append(b, '"')
 		}},
 		{name: "traffic", value: str(func(r *Record) string { return r.Traffic })},
+		{name: "tenant", omit: func(r *Record) bool { return r.Tenant == "" }, value: str(func(r *Record) string { return r.Tenant })},
 		{name: "target", omit: noTarget, value: str(func(r *Record) string { return r.Target })},
 		{name: "target_rule", omit: func(r *Record) bool { return noTarget(r) || r.TargetRule == r.Target },
 			value: str(func(r *Record) string { return r.TargetRule })},

@@ -56,6 +56,7 @@ func TestMembersWrittenOnceInOrder(t *testing.T) {
 	}
 	r := benchRecord()
 	r.Target, r.TargetRule, r.ModelTruncated, r.ErrorCode, r.CachedTokens = "h:1", "h", true, 7, 3
+	r.Tenant = "acme"
 	r.Malformed, r.UsageInjected, r.TapFailed, r.OversizedEvents, r.RequestRead = true, true, "panic", 1, "partial"
 	r.Structure, r.StructureFailed, r.StructureUnchecked = "fail", []string{"tool_args_schema"}, "request_partial"
 	r.Engine.Known = EngineLoad | EngineQueue | EnginePrompt | EngineDecode | EngineInference | EngineTotal

@@ -225,6 +225,13 @@ type Record struct {
 	// pipeline when the request ends (docs/cost.md).
 	Load       float64
 	LoadBucket string
+	// Tenant is who the request is for (docs/config.md, tenant): the
+	// proxy sets its identity at arrival (package tenant: a declared
+	// name, "t-" and a keyed hash's hex, or "_none"), and the pipeline
+	// bounds it to the label when the request ends ("_other" past the
+	// bound). Never the header's value or the API key. "" when tenants
+	// are off.
+	Tenant string
 }
 
 // ReplayInfo is what a replayed request's record adds: the trace line it

@@ -278,6 +278,9 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 		attribute.String("tokentap.traffic", rec.Traffic),
 		attribute.Int("tokentap.stalls", rec.Stalls),
 		attribute.String("tokentap.record_id", rec.ID))
+	if rec.Tenant != "" { // the bounded label, never the key or header value (docs/tracing.md)
+		add(attribute.String("tokentap.tenant", rec.Tenant))
+	}
 	if rec.EnergySource != "" {
 		add(attribute.Float64("tokentap.energy_j", rec.EnergyJ),
 			attribute.Float64("tokentap.energy_dynamic_j", rec.EnergyDynamicJ),
