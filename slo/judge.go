@@ -2,6 +2,8 @@ package slo
 
 import (
 	"net/http"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +73,12 @@ type Book struct {
 	cfg     Config
 	clock   func() time.Time
 	windows []*Window // parallel to cfg.Objectives
+
+	// tenants holds, parallel to cfg.Objectives, a window per tenant
+	// label (docs/slo.md, per tenant): as many as the label has values,
+	// max_tenants + 2 at most. Empty while no record has a tenant.
+	mu      sync.Mutex
+	tenants []map[string]*Window
 }
 
 // NewBook registers the target gauges on reg (nil: none) and returns an
@@ -83,6 +91,7 @@ func NewBook(cfg Config, reg prometheus.Registerer) *Book {
 	for _, o := range cfg.Objectives {
 		target.WithLabelValues(o.Name).Set(o.Target)
 		b.windows = append(b.windows, NewWindow(o.Window, 60))
+		b.tenants = append(b.tenants, map[string]*Window{})
 	}
 	if reg != nil {
 		reg.MustRegister(target)
@@ -109,8 +118,39 @@ func (b *Book) Add(r *record.Record) {
 				tokens = r.OutputTokens
 			}
 			b.windows[i].Add(now, v, tokens)
+			if r.Tenant != "" {
+				b.tenantWindow(i, r.Tenant).Add(now, v, tokens)
+			}
 		}
 	}
+}
+
+// tenantWindow returns objective i's window of tenant label t, made on
+// first use.
+func (b *Book) tenantWindow(i int, t string) *Window {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w, ok := b.tenants[i][t]
+	if !ok {
+		w = NewWindow(b.cfg.Objectives[i].Window, 60)
+		b.tenants[i][t] = w
+	}
+	return w
+}
+
+// tenantWindows returns objective i's tenant labels and their windows,
+// by label.
+func (b *Book) tenantWindows(i int) (names []string, ws []*Window) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for t := range b.tenants[i] {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for _, t := range names {
+		ws = append(ws, b.tenants[i][t])
+	}
+	return names, ws
 }
 
 // ServeHTTP serves /slo: HTML for browsers, JSON for ?format=json or an

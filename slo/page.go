@@ -33,6 +33,73 @@ type Status struct {
 	// Scorecard: cost, energy, latency tail and knee over the same
 	// window (scorecard.go); null when served without one.
 	Scorecard *Card `json:"scorecard,omitempty"`
+	// Tenants is the SLO's row again per tenant label, over the same
+	// window (docs/slo.md, per tenant), by label; absent when tenants
+	// are off or no request of the window had one.
+	Tenants []TenantStatus `json:"tenants,omitempty"`
+}
+
+// TenantStatus is one tenant's share of an SLO's row: its requests'
+// verdicts over the SLO's window.
+type TenantStatus struct {
+	Tenant              string   `json:"tenant"`
+	SpanSeconds         float64  `json:"span_seconds"`
+	Offered             int64    `json:"offered"`
+	Qualified           int64    `json:"qualified"`
+	Attainment          *float64 `json:"attainment"`
+	AttainmentLower95   float64  `json:"attainment_lower95"`
+	AttainmentUpper95   float64  `json:"attainment_upper95"`
+	Verdict             string   `json:"verdict"`
+	GoodputRequestsRate float64  `json:"goodput_requests_per_second"`
+	GoodputTokensRate   float64  `json:"goodput_tokens_per_second"`
+	TopFailures         []Reason `json:"top_failures"`
+}
+
+// figures are a window's counts and what is derived from them, as a
+// row of /slo shows them.
+type figures struct {
+	offered, qualified       int64
+	attainment               *float64
+	lower, upper             float64
+	verdict                  string
+	goodputReqs, goodputToks float64
+	top                      []Reason
+	span                     time.Duration
+}
+
+// figuresOf computes w's figures at now against target.
+func figuresOf(w *Window, now time.Time, target float64) figures {
+	off, qual, tok, fails, span := w.Totals(now)
+	f := figures{offered: off, qualified: qual, span: span, top: []Reason{}}
+	f.lower = WilsonLower(float64(qual), float64(off), Z95)
+	f.upper = WilsonUpper(float64(qual), float64(off), Z95)
+	if off > 0 {
+		a := float64(qual) / float64(off)
+		f.attainment = &a
+	}
+	switch {
+	case off > 0 && f.lower >= target:
+		f.verdict = "met"
+	case off > 0 && f.upper < target:
+		f.verdict = "missed"
+	default:
+		f.verdict = "not_proven"
+	}
+	if secs := rateSpan(span.Seconds()); off > 0 {
+		f.goodputReqs = float64(qual) / secs
+		f.goodputToks = float64(tok) / secs
+	}
+	for k, v := range fails {
+		f.top = append(f.top, Reason{k, v})
+	}
+	sort.Slice(f.top, func(a, b int) bool {
+		fa, fb := f.top[a], f.top[b]
+		return fa.Count > fb.Count || (fa.Count == fb.Count && fa.Reason < fb.Reason)
+	})
+	if len(f.top) > 5 {
+		f.top = f.top[:5]
+	}
+	return f
 }
 
 // Reason is a failure reason and its count.
@@ -56,39 +123,24 @@ type Page struct {
 func (b *Book) Status(now time.Time) Page {
 	p := Page{Scope: "this sidecar instance only, over its own sliding window; fleet-wide attainment comes from Prometheus (slo:tokentap_* recording rules)", Generated: now.UTC()}
 	for i, o := range b.cfg.Objectives {
-		off, qual, tok, fails, span := b.windows[i].Totals(now)
-		s := Status{Name: o.Name, Target: o.Target, WindowSeconds: o.Window.Seconds(), SpanSeconds: span.Seconds(),
-			Offered: off, Qualified: qual, TopFailures: []Reason{}}
-		s.AttainmentLower95 = WilsonLower(float64(qual), float64(off), Z95)
-		s.AttainmentUpper95 = WilsonUpper(float64(qual), float64(off), Z95)
-		if off > 0 {
-			a := float64(qual) / float64(off)
-			s.Attainment = &a
+		f := figuresOf(b.windows[i], now, o.Target)
+		s := Status{Name: o.Name, Target: o.Target, WindowSeconds: o.Window.Seconds(), SpanSeconds: f.span.Seconds(),
+			Offered: f.offered, Qualified: f.qualified, Attainment: f.attainment, AttainmentLower95: f.lower, AttainmentUpper95: f.upper,
+			Verdict: f.verdict, GoodputRequestsRate: f.goodputReqs, GoodputTokensRate: f.goodputToks, TopFailures: f.top}
+		if f.offered > 0 {
 			s.FastInvalid = b.windows[i].FastInvalid(now)
-			fi := float64(s.FastInvalid) / float64(off)
+			fi := float64(s.FastInvalid) / float64(f.offered)
 			s.FastInvalidShare = &fi
 		}
-		switch {
-		case off > 0 && s.AttainmentLower95 >= o.Target:
-			s.Verdict = "met"
-		case off > 0 && s.AttainmentUpper95 < o.Target:
-			s.Verdict = "missed"
-		default:
-			s.Verdict = "not_proven"
-		}
-		if secs := rateSpan(span.Seconds()); off > 0 {
-			s.GoodputRequestsRate = float64(qual) / secs
-			s.GoodputTokensRate = float64(tok) / secs
-		}
-		for k, v := range fails {
-			s.TopFailures = append(s.TopFailures, Reason{k, v})
-		}
-		sort.Slice(s.TopFailures, func(a, b int) bool {
-			fa, fb := s.TopFailures[a], s.TopFailures[b]
-			return fa.Count > fb.Count || (fa.Count == fb.Count && fa.Reason < fb.Reason)
-		})
-		if len(s.TopFailures) > 5 {
-			s.TopFailures = s.TopFailures[:5]
+		names, ws := b.tenantWindows(i)
+		for k, w := range ws {
+			tf := figuresOf(w, now, o.Target)
+			if tf.offered == 0 {
+				continue // its requests left the window
+			}
+			s.Tenants = append(s.Tenants, TenantStatus{Tenant: names[k], SpanSeconds: tf.span.Seconds(), Offered: tf.offered, Qualified: tf.qualified,
+				Attainment: tf.attainment, AttainmentLower95: tf.lower, AttainmentUpper95: tf.upper, Verdict: tf.verdict,
+				GoodputRequestsRate: tf.goodputReqs, GoodputTokensRate: tf.goodputToks, TopFailures: tf.top})
 		}
 		p.SLOs = append(p.SLOs, s)
 	}
@@ -110,6 +162,13 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 <td>{{if .FastInvalidShare}}{{.FastInvalid}} ({{pct (deref .FastInvalidShare)}}){{else}}–{{end}}</td>
 <td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>
 <p>met: the 95% lower bound is at or above target; missed: the 95% upper bound is below target; not_proven: the evidence does not decide.</p>
+{{range .SLOs}}{{if .Tenants}}<h2 id="tenants-{{.Name}}">{{.Name}} by tenant</h2>
+<p>Each tenant's requests of the same window (tenant: a declared name, t- and 12 hex characters of a keyed hash, _other past max_tenants, _none without an identity).</p>
+<table class="tenants"><tr><th>tenant</th><th>offered</th><th>qualified</th><th>attainment</th><th>95% bounds</th><th>verdict</th><th>goodput req/s</th><th>goodput tok/s</th><th>top failures</th></tr>
+{{range .Tenants}}<tr><td style="text-align:left">{{.Tenant}}</td><td>{{.Offered}}</td><td>{{.Qualified}}</td>
+<td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>
+<td class="{{.Verdict}}">{{.Verdict}}</td><td>{{num .GoodputRequestsRate}}</td><td>{{num .GoodputTokensRate}}</td>
+<td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>{{end}}{{end}}
 {{template "scorecards" .}}</body></html>`))
 
 // minRateSpan is the least span, in seconds, that a rate on /slo is
