@@ -158,8 +158,9 @@ func Rules(p RuleParams) ruleFile {
 	}
 	return ruleFile{Groups: []ruleGroup{
 		{Name: "tokentap-slo-recording", Rules: rec},
-		{Name: "tokentap-cost-recording", Rules: costRules(rng)}, // cost_rules.go
-		{Name: "tokentap-knee-recording", Rules: kneeRules(rng)}, // cost_rules.go
+		{Name: "tokentap-cost-recording", Rules: costRules(rng)},     // cost_rules.go
+		{Name: "tokentap-knee-recording", Rules: kneeRules(rng)},     // cost_rules.go
+		{Name: "tokentap-tenant-recording", Rules: tenantRules(rng)}, // tenant_rules.go
 		{Name: "tokentap-slo-alerts", Rules: alerts},
 		{Name: "tokentap-engine-alerts", Rules: engineAlerts(rng)}, // engine_rules.go
 	}}
