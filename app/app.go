@@ -40,6 +40,7 @@ import (
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/structure"
+	"github.com/tokentap/tokentap/tenant"
 	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/upstream"
 )
@@ -152,6 +153,8 @@ type Sidecar struct {
 	engine  *engine.Scraper // nil when engine.enabled is off
 	proxy   *proxy.Proxy
 	ends    proxy.Ends // the proxy's end-of-request stages still running
+	// tenants identifies and bounds tenants; nil when tenants are off.
+	tenants *tenant.Resolver
 	// structure checks answers when an SLO requires it; nil otherwise.
 	structure *structure.Checker
 	prober    *probe.Prober
@@ -204,7 +207,19 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	for _, o := range judge.Config().Objectives {
 		sloNames = append(sloNames, o.Name)
 	}
-	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, ProviderName: cfg.Tracing.ProviderName}
+	// Tenants (docs/config.md, tenant): off unless configured.
+	if s.tenants, err = tenant.New(cfg.Tenant); err != nil {
+		fmt.Fprintf(env.Stderr, "sidecar: %v\n", err)
+		return nil, &UsageError{err}
+	}
+	var tenantNames []string
+	for _, d := range cfg.Tenant.Tenants {
+		tenantNames = append(tenantNames, d.Name)
+	}
+	if s.tenants.Ephemeral() {
+		log.Warn("tenants: no tenant.hash_key_file or hash_key: undeclared tenants are hashed with a random secret of this process; their labels change on restart and differ between replicas")
+	}
+	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, Tenants: tenantNames, ProviderName: cfg.Tracing.ProviderName}
 	metrics := exporter.New(mcfg)
 	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {
@@ -319,7 +334,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		}
 	}
 	pipe := pipeline.New(pipeline.Options{
-		Live: metrics, Models: metrics.Models(), Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
+		Live: metrics, Models: metrics.Models(), Tenants: s.tenants, Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
 		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
 		Capture: s.capture,
 	})
@@ -341,6 +356,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		Ends:            &s.ends,
 		Structure:       s.structure,
+		Tenants:         s.proxyTenants(),
 	})
 	if err != nil {
 		return nil, err
@@ -414,6 +430,15 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: serverErrs.logger("admin")}
 	return s, nil
+}
+
+// proxyTenants is the tenant resolver for the proxies: nil (no
+// interface holding a nil pointer) when tenants are off.
+func (s *Sidecar) proxyTenants() proxy.Tenants {
+	if s.tenants == nil {
+		return nil
+	}
+	return s.tenants
 }
 
 // startSimulator starts the built-in engine on a loopback port; Close

@@ -32,6 +32,7 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		IdleTimeout:       cfg.IdleTimeout,
 		ProbeHeader:       probeSecret,
 		Structure:         s.structure,
+		Tenants:           s.proxyTenants(),
 	})
 	if err != nil {
 		return err
