@@ -346,6 +346,9 @@ func variable(name string) (cog.Builder[dashboard.VariableModel], error) {
 	case "slo":
 		return query("SLO", `label_values(tokentap_slo_target{`+sel+`}, slo)`,
 			"The SLOs declared in the sidecars' configuration (docs/slo.md).", ".*"), nil
+	case "tenant":
+		return query("Tenant", `label_values(tokentap_slo_requests_by_tenant_total{`+sel+`}, tenant)`,
+			"The bounded tenant label (docs/metrics.md, per tenant; docs/config.md, tenant): a declared name, t- and 12 hex characters of a keyed hash, _other, _none. Empty unless the sidecars resolve tenants.", ".*"), nil
 	case "probe":
 		return query("Probe", `label_values(tokentap_probe_scheduled_total{`+sel+`}, probe)`,
 			"Canary probes by name (docs/probe.md).", ".*"), nil

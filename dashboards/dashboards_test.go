@@ -196,6 +196,11 @@ func TestDashboardsAreComplete(t *testing.T) {
 				for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
 					name, matchers := m[1], m[2]
 					switch {
+					case strings.HasPrefix(name, "slo_tenant:"):
+						// A recording rule by SLO and tenant: both variables apply.
+						if !strings.Contains(matchers, `slo=~"$slo"`) || !strings.Contains(matchers, `tenant=~"$tenant"`) {
+							t.Errorf("%s %s: recording rule %s needs slo=~\"$slo\" and tenant=~\"$tenant\"", where, tg.RefID, name)
+						}
 					case strings.HasPrefix(name, "slo:") || strings.HasPrefix(name, "slo_load:"):
 						// A recording rule by SLO: the SLO variable applies.
 						if !strings.Contains(matchers, `slo=~"$slo"`) {

@@ -31,7 +31,7 @@ func sloBoard() board {
 	return board{
 		file: "tokentap-slo.json", uid: "tokentap-slo", title: "tokentap / SLO & goodput", tags: tags,
 		desc: "SLO attainment with its 95% Wilson bounds, goodput and why requests failed (docs/measurement.md §5, docs/slo.md).",
-		vars: []string{"slo", "model"},
+		vars: []string{"slo", "model", "tenant"},
 		rows: []row{
 			{title: "Attainment", panels: []panel{
 				{kind: kStat, title: "Attainment, last 1h (fleet)", unit: "percentunit", w: 6, h: 6, min: fp(0), max: fp(1),
@@ -116,8 +116,37 @@ func sloBoard() board {
 					targets: []target{{expr: `sum by (check) (rate(tokentap_structure_failures_total{` + selLive + `}[` + ri + `]))`, legend: "{{check}}"}}},
 			}},
 			costRow(),
+			tenantRow(),
 		},
 	}
+}
+
+// tenantFleet says that the per-tenant recording rules sum the fleet.
+const tenantFleet = " Recording rules sum every scraped sidecar by SLO and tenant (docs/slo.md, per tenant), so the job, namespace, pod and instance selectors do not filter this panel."
+
+// tenantRow is attainment, goodput and cost by tenant (docs/slo.md, per
+// tenant): empty unless the sidecars resolve tenants (tenant.from).
+func tenantRow() row {
+	selTenant := `slo=~"$slo", tenant=~"$tenant"`
+	return row{title: "By tenant", panels: []panel{
+		{title: "Attainment by tenant, 1h (fleet)", unit: "percentunit", w: 12, h: 8, max: fp(1),
+			desc: "Per SLO and tenant: qualified / offered over the last hour (slo_tenant:tokentap_attainment:ratio1h) and its one-sided 95% Wilson lower bound (slo_tenant:tokentap_attainment_lower95:ratio1h; docs/measurement.md §5). " +
+				"tenant is the bounded label of docs/metrics.md (a declared name, t- and 12 hex characters of a keyed hash, _other, _none); tenants off, no data." + tenantFleet,
+			targets: []target{
+				{expr: `slo_tenant:tokentap_attainment:ratio1h{` + selTenant + `}`, legend: "{{slo}} {{tenant}}"},
+				{expr: `slo_tenant:tokentap_attainment_lower95:ratio1h{` + selTenant + `}`, legend: "{{slo}} {{tenant}} lower 95%"},
+			}},
+		{title: "Goodput by tenant: output tokens/s of qualified requests", unit: "short", w: 12, h: 8, min: fp(0),
+			desc:    "Each tenant's token goodput: output tokens per second of its requests that qualified for each SLO, from tokentap_slo_qualified_output_tokens_by_tenant_total of the selected sidecars (docs/metrics.md, per tenant; docs/measurement.md §5).",
+			targets: []target{{expr: `sum by (slo, tenant) (rate(tokentap_slo_qualified_output_tokens_by_tenant_total{` + selSLO + `, tenant=~"$tenant"}[` + ri + `]))`, legend: "{{slo}} {{tenant}}"}}},
+		{title: "Cost per 1M goodput tokens by tenant, 1h (fleet)", unit: "short", w: 12, h: 8, min: fp(0),
+			desc: "A tenant's share of the priced replicas' cost (each replica's cost shared by live output tokens, tokentap_tenant_output_tokens_total) over the last hour, ÷ its goodput tokens on them × 10⁶, per SLO, tenant and currency " +
+				"(slo_tenant:tokentap_cost_per_million_goodput_tokens:ratio1h; docs/slo.md, per tenant; docs/cost.md). No declared price, no value." + tenantFleet,
+			targets: []target{{expr: `slo_tenant:tokentap_cost_per_million_goodput_tokens:ratio1h{` + selTenant + `}`, legend: "{{slo}} {{tenant}} {{currency}}"}}},
+		{title: "Output tokens/s by tenant (live)", unit: "short", w: 12, h: 8, min: fp(0), stack: true,
+			desc:    "Live output tokens per second by tenant, whether or not they met an SLO (tokentap_tenant_output_tokens_total; docs/metrics.md, per tenant): each tenant's share of the load, by which the cost rules share the cost.",
+			targets: []target{{expr: `sum by (tenant) (rate(tokentap_tenant_output_tokens_total{` + sel + `, traffic="live", tenant=~"$tenant"}[` + ri + `]))`, legend: "{{tenant}}"}}},
+	}}
 }
 
 // costRow is the scorecard of docs/cost.md: what a token that keeps the

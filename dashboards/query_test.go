@@ -85,6 +85,10 @@ probes:
       max_tokens: 4
       prompt: "What is the capital of France?"
       expect: {contains: Paris}
+# Tenants on (their panels need the per-tenant series): with no key
+# sent, every request is tenant _none.
+tenant:
+  from: api_key
 # The example price (deploy/examples/tokentap.yaml): the cost rules need
 # a declared price, and the energy share an energy price.
 cost:
