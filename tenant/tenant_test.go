@@ -177,3 +177,15 @@ func FuzzIdentify(f *testing.F) {
 		}
 	})
 }
+
+// The per-request cost of tenants: one identification at arrival and one
+// bound at the end (docs/performance.md).
+func BenchmarkIdentifyAndAdmit(b *testing.B) {
+	r, _ := New(config.Tenant{From: "api_key", HashKey: secret})
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	req.Header.Set("Authorization", "Bearer sk-proj-0123456789abcdef0123456789abcdef")
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Admit(r.Identify(req, "chat"))
+	}
+}
