@@ -16,6 +16,8 @@ import (
 	"encoding/json"
 	"io/fs"
 	"net/http"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -118,17 +120,30 @@ func (p *Page) Write(r *record.Record) {
 	p.mu.Unlock()
 }
 
-// last returns the newest n records, oldest first, and the sequence
-// number of the newest.
-func (p *Page) last(n int) ([]*record.Record, uint64) {
+// last returns the newest n records of tenant (every record for ""),
+// oldest first, the sequence number of the newest record kept, and the
+// tenant labels among the records kept, sorted.
+func (p *Page) last(n int, tenant string) ([]*record.Record, uint64, []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n = min(n, p.n)
-	out := make([]*record.Record, n)
-	for i := range n {
-		out[i] = p.ring[(p.next-n+i+len(p.ring))%len(p.ring)]
+	var out []*record.Record
+	seen := map[string]bool{}
+	for i := range p.n {
+		r := p.ring[(p.next-1-i+2*len(p.ring))%len(p.ring)]
+		if r.Tenant != "" {
+			seen[r.Tenant] = true
+		}
+		if len(out) < n && (tenant == "" || r.Tenant == tenant) {
+			out = append(out, r)
+		}
 	}
-	return out, p.seq
+	slices.Reverse(out)
+	tenants := make([]string, 0, len(seen))
+	for t := range seen {
+		tenants = append(tenants, t)
+	}
+	sort.Strings(tenants)
+	return out, p.seq, tenants
 }
 
 // Data is the /live/data document.
@@ -143,6 +158,9 @@ type Data struct {
 	StallThresholdMS float64       `json:"stall_threshold_ms"`
 	Synthetic        string        `json:"synthetic,omitempty"`
 	Trend            *slo.TrendDoc `json:"trend,omitempty"`
+	// Tenants are the tenant labels among the records kept (docs/slo.md,
+	// per tenant), for the page's filter; absent when tenants are off.
+	Tenants []string `json:"tenants,omitempty"`
 	// Records are the newest finished requests, oldest first, each as
 	// its record line (docs/records.md): never a prompt or an answer.
 	// Written last (serveData); empty when Unchanged.
@@ -151,7 +169,8 @@ type Data struct {
 
 // ServeHTTP serves GET /live (the page), /live/static/* (its files) and
 // /live/data (its data; query: n, the records wanted, 1 to the
-// capacity, and since, the Seq of the caller's last poll).
+// capacity, since, the Seq of the caller's last poll, and tenant, a
+// tenant label: only that tenant's records).
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch path := r.URL.Path; {
 	case path == "/live" || path == "/live/":
@@ -198,9 +217,9 @@ func (p *Page) serveData(w http.ResponseWriter, r *http.Request) {
 		}
 		since, hasSince = v, true
 	}
-	recs, seq := p.last(n)
+	recs, seq, tenants := p.last(n, q.Get("tenant"))
 	d := Data{Generated: p.o.Clock().UTC(), Seq: seq, Capacity: len(p.ring), StallThresholdMS: float64(p.o.StallThreshold) / 1e6,
-		Synthetic: p.o.Synthetic, Unchanged: hasSince && since == seq}
+		Synthetic: p.o.Synthetic, Tenants: tenants, Unchanged: hasSince && since == seq}
 	if p.o.Trend != nil {
 		t := p.o.Trend.Doc()
 		d.Trend = &t

@@ -216,3 +216,44 @@ func BenchmarkPoll(b *testing.B) {
 		})
 	}
 }
+
+// With tenants on, the data lists the tenant labels of the records kept,
+// and ?tenant= keeps the newest n records of that tenant alone.
+func TestTenantFilter(t *testing.T) {
+	p := New(Options{Requests: 10})
+	t0 := time.Unix(1000, 0)
+	for i := range 10 {
+		r := rec(i, t0.Add(time.Duration(i)*time.Second))
+		r.Tenant = []string{"acme", "t-0123456789ab", "_none"}[i%3]
+		p.Write(r)
+	}
+	var d struct {
+		Tenants []string `json:"tenants"`
+		Records []struct {
+			ID     string `json:"id"`
+			Tenant string `json:"tenant"`
+		} `json:"records"`
+	}
+	_, body := get(t, p, "/live/data?n=3&tenant=acme")
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(d.Tenants, ",") != "_none,acme,t-0123456789ab" || len(d.Records) != 3 {
+		t.Fatalf("tenants %v, %d records", d.Tenants, len(d.Records))
+	}
+	for i, want := range []string{"r-3", "r-6", "r-9"} { // acme's newest three, oldest first
+		if d.Records[i].ID != want || d.Records[i].Tenant != "acme" {
+			t.Errorf("record %d: %+v, want %s of acme", i, d.Records[i], want)
+		}
+	}
+	_, body = get(t, p, "/live/data?n=10")
+	d.Tenants, d.Records = nil, nil
+	json.Unmarshal([]byte(body), &d)
+	if len(d.Records) != 10 {
+		t.Errorf("no filter: %d records, want 10", len(d.Records))
+	}
+	_, body = get(t, New(Options{}), "/live/data")
+	if strings.Contains(body, "tenants") {
+		t.Errorf("tenants off, yet listed: %s", body)
+	}
+}

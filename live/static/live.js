@@ -9,6 +9,7 @@
   var seq = null, records = [], selected = null, threshold = 1000;
   var params = new URLSearchParams(location.search);
   var wanted = params.get("n") || "30";
+  var tenant = params.get("tenant") || "";
 
   function el(tag, attrs, parent) {
     var e = document.createElementNS(SVGNS, tag);
@@ -98,7 +99,7 @@
       var i = records.length - 1 - j;
       var y = TOP + i * ROW, a = r._arrive, v = verdict(r);
       var g = el("g", { "class": "strip", "data-id": r.id, "data-verdict": v, "data-row": i,
-        "data-arrive-x": x(a).toFixed(2), "data-outcome": r.outcome }, svg);
+        "data-arrive-x": x(a).toFixed(2), "data-outcome": r.outcome, "data-tenant": r.tenant || "" }, svg);
       if (selected === r.id) g.classList.add("sel");
       el("text", { x: LEFT - 6, y: y + BAR - 2, "font-size": 10, "text-anchor": "end" }, g).textContent =
         (r.traffic === "canary" ? "canary " : "") + r.id + " " + r.outcome;
@@ -131,7 +132,7 @@
       if (r.preemptions_during > 0) {
         el("text", { "class": "preempt", x: x(a + end(r)) + 4, y: y + BAR - 2, "font-size": 10, fill: "#e65100" }, g).textContent = "P" + r.preemptions_during;
       }
-      el("title", {}, g).textContent = r.id + ": " + r.outcome + ", " + (r.output_tokens >= 0 ? r.output_tokens : "?") + " tokens, TTFT " + fmt(r.ttft_ms, 1) + " ms, " + (r.stalls || 0) + " stalls";
+      el("title", {}, g).textContent = r.id + (r.tenant ? " (tenant " + r.tenant + ")" : "") + ": " + r.outcome + ", " + (r.output_tokens >= 0 ? r.output_tokens : "?") + " tokens, TTFT " + fmt(r.ttft_ms, 1) + " ms, " + (r.stalls || 0) + " stalls";
       g.addEventListener("mouseenter", function () { if (selected === null) showRecord(r); });
       g.addEventListener("click", function () {
         selected = selected === r.id ? null : r.id;
@@ -222,11 +223,25 @@
     b.textContent = s ? "SYNTHETIC: " + s : "";
   }
 
+  // setTenants offers the tenant labels of the records kept (tenants on)
+  // in the filter, keeping the one chosen.
+  function setTenants(list) {
+    var sel = document.getElementById("tenant");
+    sel.hidden = list.length === 0 && !tenant;
+    if (list.indexOf(tenant) < 0 && tenant) list = list.concat([tenant]);
+    var have = Array.prototype.map.call(sel.options, function (o) { return o.value; }).slice(1);
+    if (have.join("\n") === list.join("\n")) return;
+    while (sel.options.length > 1) sel.remove(1);
+    list.forEach(function (t) { var o = html("option", t, sel); o.value = t; });
+    sel.value = tenant;
+  }
+
   var capacity = null;
   // load fetches /live/data once; with again, it polls on.
   function load(again) {
     var n = capacity === null ? wanted : Math.min(+wanted, capacity);
-    var url = "/live/data?" + (seq === null ? "" : "since=" + seq + "&") + "n=" + encodeURIComponent(n);
+    var url = "/live/data?" + (seq === null ? "" : "since=" + seq + "&") + "n=" + encodeURIComponent(n) +
+      (tenant ? "&tenant=" + encodeURIComponent(tenant) : "");
     fetch(url, { cache: "no-store" }).then(function (res) {
       if (!res.ok) throw new Error("/live/data: HTTP " + res.status);
       return res.json();
@@ -238,6 +253,7 @@
       threshold = d.stall_threshold_ms;
       document.getElementById("stall").textContent = threshold;
       setSynthetic(d.synthetic);
+      setTenants(d.tenants || []);
       if (!d.unchanged) {
         records = d.records;
         seq = d.seq;
@@ -284,7 +300,14 @@
   pick.addEventListener("change", function () {
     wanted = pick.value;
     seq = null;
-    history.replaceState(null, "", "?n=" + encodeURIComponent(wanted));
+    history.replaceState(null, "", "?n=" + encodeURIComponent(wanted) + (tenant ? "&tenant=" + encodeURIComponent(tenant) : ""));
+    load(false);
+  });
+  var tsel = document.getElementById("tenant");
+  tsel.addEventListener("change", function () {
+    tenant = tsel.value;
+    seq = null;
+    history.replaceState(null, "", "?n=" + encodeURIComponent(wanted) + (tenant ? "&tenant=" + encodeURIComponent(tenant) : ""));
     load(false);
   });
   window.addEventListener("resize", drawStrips);
