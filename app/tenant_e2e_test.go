@@ -54,7 +54,8 @@ func (o *otlpSink) body(path string) []byte {
 //     verdicts of that tenant, and the HTML page shows each row;
 //   - no API key, no header value and not the hash's secret appears in
 //     any output (the records file, the log at debug level, /metrics,
-//     the spans and metrics sent over OTLP, /slo as JSON and HTML);
+//     the spans and metrics sent over OTLP, /slo as JSON and HTML, the
+//     live page's data);
 //     the declared names do.
 func TestTenantsAcceptance(t *testing.T) {
 	for _, from := range []string{"api_key", "header"} {
@@ -287,7 +288,8 @@ tenant:
 		}
 	}
 	sinks := map[string][]byte{"records": raw, "log": []byte(logs.String()), "/metrics": metrics, "OTLP spans": sink.body("/v1/traces"),
-		"OTLP metrics": sink.body("/v1/metrics"), "/slo JSON": sloJSON, "/slo HTML": sloHTML}
+		"OTLP metrics": sink.body("/v1/metrics"), "/slo JSON": sloJSON, "/slo HTML": sloHTML,
+		"/live/data": get(t, "http://"+a.Admin+"/live/data"), "/live/data?tenant=acme": get(t, "http://"+a.Admin+"/live/data?tenant=acme")}
 	for where, b := range sinks {
 		for _, v := range append(values, secret) {
 			if bytes.Contains(b, []byte(v)) {
