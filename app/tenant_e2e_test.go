@@ -21,28 +21,6 @@ import (
 	"time"
 )
 
-// otlpSink is an OTLP/HTTP receiver that keeps every body it gets
-// (spans and metrics, protobuf, uncompressed: the strings in them are
-// plain bytes).
-type otlpSink struct {
-	mu     sync.Mutex
-	bodies map[string][]byte // by path
-}
-
-func (o *otlpSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	o.mu.Lock()
-	o.bodies[r.URL.Path] = append(o.bodies[r.URL.Path], b...)
-	o.mu.Unlock()
-	w.Header().Set("Content-Type", "application/x-protobuf")
-}
-
-func (o *otlpSink) body(path string) []byte {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return bytes.Clone(o.bodies[path])
-}
-
 // The tenants' acceptance (issue 23), once per identity source: three
 // declared tenants and 50 random tenant values (API keys, or values of
 // the tenant header), each sent by a client through the sidecar in front
@@ -110,7 +88,7 @@ tenant:
   tenants:
 %s`, from, header, maxTenants, keyFile, match.String())
 
-	sink := &otlpSink{bodies: map[string][]byte{}}
+	sink := &otlpSink{} // structure_sinks_test.go
 	otlp := httptest.NewServer(sink)
 	defer otlp.Close()
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.URL)
@@ -278,17 +256,18 @@ tenant:
 
 	// The spans and OTLP metrics arrive (the batch and the export
 	// interval are short); then every sink is searched.
-	arrived := func(path string) bool {
-		b := sink.body(path)
+	arrived := func(b []byte) bool {
 		return bytes.Contains(b, []byte("tokentap.tenant")) && bytes.Contains(b, []byte("acme"))
 	}
-	for deadline := time.Now().Add(10 * time.Second); !arrived("/v1/traces") || !arrived("/v1/metrics"); time.Sleep(100 * time.Millisecond) {
+	traces, otlpMetrics := sink.bytes()
+	for deadline := time.Now().Add(10 * time.Second); !arrived(traces) || !arrived(otlpMetrics); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no tokentap.tenant in the OTLP spans (%d bytes) or metrics (%d bytes)", len(sink.body("/v1/traces")), len(sink.body("/v1/metrics")))
+			t.Fatalf("no tokentap.tenant in the OTLP spans (%d bytes) or metrics (%d bytes)", len(traces), len(otlpMetrics))
 		}
+		traces, otlpMetrics = sink.bytes()
 	}
-	sinks := map[string][]byte{"records": raw, "log": []byte(logs.String()), "/metrics": metrics, "OTLP spans": sink.body("/v1/traces"),
-		"OTLP metrics": sink.body("/v1/metrics"), "/slo JSON": sloJSON, "/slo HTML": sloHTML,
+	sinks := map[string][]byte{"records": raw, "log": []byte(logs.String()), "/metrics": metrics, "OTLP spans": traces,
+		"OTLP metrics": otlpMetrics, "/slo JSON": sloJSON, "/slo HTML": sloHTML,
 		"/live/data": get(t, "http://"+a.Admin+"/live/data"), "/live/data?tenant=acme": get(t, "http://"+a.Admin+"/live/data?tenant=acme")}
 	for where, b := range sinks {
 		for _, v := range append(values, secret) {
