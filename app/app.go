@@ -32,6 +32,7 @@ import (
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/internal/safe"
+	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/live"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/probe"
@@ -44,26 +45,6 @@ import (
 	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/upstream"
 )
-
-// UsageError is a bad flag, environment variable or config file: the
-// process exits 2.
-type UsageError struct{ Err error }
-
-func (e *UsageError) Error() string { return e.Err.Error() }
-func (e *UsageError) Unwrap() error { return e.Err }
-
-// ExitCode maps Run's error to the process exit code: 0, 2 for a usage
-// error, 1 otherwise.
-func ExitCode(err error) int {
-	var ue *UsageError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ue):
-		return 2
-	}
-	return 1
-}
 
 // Env is what the sidecar needs from the process.
 type Env struct {
@@ -105,7 +86,7 @@ func Run(ctx context.Context, args []string, env Env) error {
 		for _, e := range flattenJoin(err) {
 			fmt.Fprintf(env.Stderr, "  - %v\n", e)
 		}
-		return &UsageError{err}
+		return &usage.Error{Err: err}
 	}
 	if cfg.Check {
 		return printConfig(env.Stdout, cfg)
@@ -210,7 +191,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// Tenants (docs/config.md, tenant): off unless configured.
 	if s.tenants, err = tenant.New(cfg.Tenant); err != nil {
 		fmt.Fprintf(env.Stderr, "sidecar: %v\n", err)
-		return nil, &UsageError{err}
+		return nil, &usage.Error{Err: err}
 	}
 	var tenantNames []string
 	for _, d := range cfg.Tenant.Tenants {
@@ -224,7 +205,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
-		return nil, &UsageError{err}
+		return nil, &usage.Error{Err: err}
 	}
 	s.defer_(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

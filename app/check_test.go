@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/internal/usage"
 )
 
 // --config.check prints the effective configuration (defaults, then
@@ -67,7 +68,7 @@ func TestTenantSecretHidden(t *testing.T) {
 	errw.Reset()
 	err := Run(context.Background(), []string{"--tenant.from", "api_key", "--tenant.hash-key-file", key, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
 		Env{Getenv: func(string) string { return "" }, Stdout: io.Discard, Stderr: &errw})
-	if ExitCode(err) != 2 || !strings.Contains(errw.String(), "chmod 600") {
-		t.Fatalf("a world-readable key file: exit %d, %q", ExitCode(err), errw.String())
+	if usage.ExitCode(err) != 2 || !strings.Contains(errw.String(), "chmod 600") {
+		t.Fatalf("a world-readable key file: exit %d, %q", usage.ExitCode(err), errw.String())
 	}
 }

@@ -21,32 +21,13 @@ import (
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/internal/safe"
+	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/workload"
 )
-
-// UsageError is bad input: a bad flag, configuration or trace line. The
-// process exits 2.
-type UsageError struct{ Err error }
-
-func (e *UsageError) Error() string { return e.Err.Error() }
-func (e *UsageError) Unwrap() error { return e.Err }
-
-// ExitCode maps Main's error to the process exit code: 0, 2 for bad
-// input, 1 otherwise (an unreachable target, no request answered).
-func ExitCode(err error) int {
-	var ue *UsageError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ue):
-		return 2
-	}
-	return 1
-}
 
 // Env is what the replay needs from the process.
 type Env struct {
@@ -177,7 +158,7 @@ func parse(args []string, stderr io.Writer) (flags, Options, error) {
 
 // Main runs tokentap replay with args (after "replay"): it checks the
 // flags and the configuration, checks that the target answers, replays
-// and prints the report on env.Stdout. Bad input (a *UsageError) is
+// and prints the report on env.Stdout. Bad input (a *usage.Error) is
 // explained on env.Stderr; the caller prints any other error.
 func Main(ctx context.Context, args []string, env Env) error {
 	if env.Getenv == nil {
@@ -200,20 +181,20 @@ func Main(ctx context.Context, args []string, env Env) error {
 		for _, e := range flatten(err) {
 			fmt.Fprintf(env.Stderr, "  - %v\n", e)
 		}
-		return &UsageError{err}
+		return &usage.Error{Err: err}
 	}
 	log := slog.New(safe.Handler(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	opts.SLO, opts.Capacity, opts.Transport, opts.Open = cfg.SLO, cfg.Capacity, env.Transport, env.Open
 	if f.apiKeyEnv != "" {
 		key := env.Getenv(f.apiKeyEnv)
 		if key == "" {
-			return &UsageError{fmt.Errorf("--api-key-env: %s is empty", f.apiKeyEnv)}
+			return &usage.Error{Err: fmt.Errorf("--api-key-env: %s is empty", f.apiKeyEnv)}
 		}
 		opts.Header = http.Header{"Authorization": {"Bearer " + key}}
 	}
 	if env.Open == nil {
 		if _, err := os.Stat(f.trace); err != nil {
-			return &UsageError{fmt.Errorf("--trace: %w", err)}
+			return &usage.Error{Err: fmt.Errorf("--trace: %w", err)}
 		}
 	}
 	if err := reachable(ctx, opts.Target, env.Transport); err != nil {
@@ -230,7 +211,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 	metrics := exporter.New(mcfg)
 	otel, err := tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {
-		return &UsageError{fmt.Errorf("OpenTelemetry setup (OTEL_* environment): %w", err)}
+		return &usage.Error{Err: fmt.Errorf("OpenTelemetry setup (OTEL_* environment): %w", err)}
 	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -251,7 +232,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 	if f.records != "" {
 		file, err := record.OpenFile(f.records, record.FileOptions{Logger: log})
 		if err != nil {
-			return &UsageError{fmt.Errorf("--records: %w", err)}
+			return &usage.Error{Err: fmt.Errorf("--records: %w", err)}
 		}
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -266,7 +247,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 	if f.adminListen != "" {
 		ln, err := net.Listen("tcp", f.adminListen)
 		if err != nil {
-			return &UsageError{fmt.Errorf("--admin-listen: %w", err)}
+			return &usage.Error{Err: fmt.Errorf("--admin-listen: %w", err)}
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
@@ -284,7 +265,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 	switch {
 	case errors.As(runErr, &le), errors.Is(runErr, ErrEmptyTrace):
 		fmt.Fprintf(env.Stderr, "tokentap replay: bad trace: %v\n", runErr)
-		return &UsageError{runErr}
+		return &usage.Error{Err: runErr}
 	case runErr != nil:
 		return runErr
 	}

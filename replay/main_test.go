@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/workload"
 )
 
@@ -26,8 +27,8 @@ func runMain(t *testing.T, env Env, args ...string) (stdout, stderr string, err 
 // Bad flags: every problem named at once, exit 2.
 func TestMainBadFlags(t *testing.T) {
 	_, stderr, err := runMain(t, Env{}, "--target", "ftp://x", "--time-scale", "0", "--rate", "2", "--rates", "1,3,2", "--max-in-flight", "0", "--api", "nope")
-	if ExitCode(err) != 2 {
-		t.Fatalf("exit %d: %v", ExitCode(err), err)
+	if usage.ExitCode(err) != 2 {
+		t.Fatalf("exit %d: %v", usage.ExitCode(err), err)
 	}
 	for _, want := range []string{"--trace is required", `--target: want the engine's http(s) base URL, got "ftp://x"`, "--time-scale must be above 0",
 		"--rate and --rates: give one", "--rates: 2 after 3: the rates must increase", "--max-in-flight must be at least 1", `--api must be one of`} {
@@ -58,8 +59,8 @@ func TestMainBadTrace(t *testing.T) {
 				model = nil
 			}
 			stdout, stderr, err := runMain(t, Env{}, append([]string{"--trace", path, "--target", url}, model...)...)
-			if ExitCode(err) != 2 || !strings.Contains(stderr, c.want) {
-				t.Fatalf("exit %d, stderr %q, want %q", ExitCode(err), stderr, c.want)
+			if usage.ExitCode(err) != 2 || !strings.Contains(stderr, c.want) {
+				t.Fatalf("exit %d, stderr %q, want %q", usage.ExitCode(err), stderr, c.want)
 			}
 			if c.name != "empty" && c.name != "no model" && !strings.Contains(stdout, "scheduled 2 = sent 2 + not sent 0") {
 				t.Errorf("the report of what was sent before the bad line:\n%s", stdout)
@@ -78,8 +79,8 @@ func TestMainUnreachableTarget(t *testing.T) {
 	ln.Close() // nothing listens there now
 	path := writeFile(t, "trace.jsonl", traceLine(0, 100, 4, nil, nil))
 	_, _, err = runMain(t, Env{}, "--trace", path, "--target", "http://"+addr, "--model", "m")
-	if ExitCode(err) != 1 || !strings.Contains(err.Error(), "target http://"+addr+" unreachable") || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("exit %d: %v", ExitCode(err), err)
+	if usage.ExitCode(err) != 1 || !strings.Contains(err.Error(), "target http://"+addr+" unreachable") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("exit %d: %v", usage.ExitCode(err), err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/tokentap/tokentap/app"
+	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/replay"
 )
 
@@ -31,17 +32,17 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "replay" {
 		err := replay.Main(ctx, os.Args[2:], replay.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr})
 		cancel()
-		if err != nil && replay.ExitCode(err) != 2 {
+		if err != nil && usage.ExitCode(err) != 2 {
 			os.Stderr.WriteString("tokentap replay: " + err.Error() + "\n")
 		}
-		os.Exit(replay.ExitCode(err))
+		os.Exit(usage.ExitCode(err))
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reopen the records file; never exit
 	err := app.Run(ctx, os.Args[1:], app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr, Hangup: hup, Force: force})
 	cancel()
-	if err != nil && app.ExitCode(err) != 2 {
+	if err != nil && usage.ExitCode(err) != 2 {
 		os.Stderr.WriteString("sidecar: " + err.Error() + "\n")
 	}
-	os.Exit(app.ExitCode(err))
+	os.Exit(usage.ExitCode(err))
 }

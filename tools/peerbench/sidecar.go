@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/app"
+	"github.com/tokentap/tokentap/internal/usage"
 )
 
 // sidecarCmd runs the sidecar exactly as cmd/sidecar does (app.Run with
@@ -44,7 +45,7 @@ func runSidecar(args []string) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	err := app.Run(ctx, args, app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr})
-	if app.ExitCode(err) == 2 {
+	if usage.ExitCode(err) == 2 {
 		return errors.New("sidecar flags: " + err.Error())
 	}
 	return err
