@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -30,10 +31,23 @@ import (
 
 // The scripted workload of the acceptance test (docs/capture.md,
 // "What the test shows"): 250 conversations of 2 turns each under 3
-// system prompts, 500 requests at known instants, each answered by a
-// scripted engine that streams a known number of tokens and reports
-// known usage; a few fail (HTTP 503), and 5 canary requests pass
-// through a canary proxy on the same pipeline.
+// system prompts, 500 requests at known instants (a conversation begins
+// every 20 ms, its second turn 5 to 5.5 s later: about 50 requests/s
+// for 10.5 s), each answered by a scripted engine that streams a known
+// number of tokens and reports known usage; a few fail (HTTP 503), and 5
+// canary requests pass through a canary proxy on the same pipeline.
+//
+// The capture it writes is kept as testdata/scripted.jsonl (a golden
+// file: the test fails when its capture differs; go test -run
+// TestCaptureScriptedWorkload -update rewrites it), and package replay's
+// acceptance test replays that file against the simulator.
+// update rewrites testdata/scripted.jsonl with the capture the test
+// writes.
+var update = flag.Bool("update", false, "rewrite testdata/scripted.jsonl")
+
+// golden is the capture the acceptance test writes, kept.
+const golden = "testdata/scripted.jsonl"
+
 const (
 	conversations = 250
 	apiKey        = "sk-test-Zq9vW2mK7pL4xR8nT3bY"
@@ -77,13 +91,13 @@ func script(t *testing.T) ([]scripted, []string) {
 		sys := c % 3
 		u1, a1, u2 := words(r, 20+r.IntN(200)), words(r, 30+r.IntN(60)), words(r, 10+r.IntN(100))
 		texts = append(texts, u1, a1, u2)
-		start := time.Duration(c)*40*time.Millisecond + time.Duration(r.IntN(30000))*time.Microsecond
+		start := time.Duration(c)*20*time.Millisecond + time.Duration(r.IntN(20000))*time.Microsecond
 		for turn := 1; turn <= 2; turn++ {
 			msgs := []map[string]string{{"role": "system", "content": systems[sys]}, {"role": "user", "content": u1}}
 			at := start
 			if turn == 2 {
 				msgs = append(msgs, map[string]string{"role": "assistant", "content": a1}, map[string]string{"role": "user", "content": u2})
-				at += 3*time.Second + time.Duration(r.IntN(2000))*time.Millisecond
+				at += 5*time.Second + time.Duration(r.IntN(500))*time.Millisecond
 			}
 			body, err := json.Marshal(map[string]any{"model": "m1", "messages": msgs, "stream": true, "max_tokens": 64})
 			if err != nil {
@@ -319,6 +333,17 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 	}
 	for _, r := range readers {
 		t.Run(r.name, func(t *testing.T) { r.check(t, path) })
+	}
+	// The file is the same on every run: the ids are renumbered per file
+	// by first appearance, whatever the secret, and the fake clock makes
+	// every instant exact.
+	if *update {
+		if err := os.WriteFile(golden, file, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if kept, err := os.ReadFile(golden); err != nil || !bytes.Equal(kept, file) {
+		t.Errorf("the capture differs from %s (%v): rerun with -update if the change is meant, and review its diff", golden, err)
 	}
 }
 
