@@ -111,6 +111,8 @@ cost:
 	}
 	prom := startFleetPrometheus(t, promBin, targets)
 	api := promAPI{t: t, addr: prom}
+	commits := api.watchCommits()
+	t.Cleanup(commits.close)
 
 	// Every sidecar is scraped, its SLO counters at 0, before any request:
 	// each counter's first sample in any window is 0.
@@ -154,22 +156,23 @@ cost:
 		}
 		return true
 	})
-	// The measured scrape durations bound how long a sample takes to be
-	// stored after its timestamp (scrape_duration_seconds runs from the
-	// scrape's start, its samples' timestamp, to their append; only the
-	// commit is left). A rule evaluation is checked only when every
-	// sidecar's last sample before it was stored before it: older than
-	// that scrape's own duration plus 0.1 s for the commit (settled). The
-	// rules run every 2.6 s and the scrapes every 2 s, so the gap between
-	// them turns through ten phases 0.2 s apart: on a busy machine whose
-	// scrapes take long, more evaluations are skipped, none is misread.
+	// A sample is stored some time after its timestamp (the scrape's
+	// start): the scrape's own duration (scrape_duration_seconds), then
+	// the parse, append and commit, which commits (watchCommits) bounds
+	// by measuring them throughout the test. A rule evaluation is checked
+	// only when every sidecar's last sample before it was stored before
+	// it: older than that scrape's duration plus twice the longest commit
+	// measured, at least 0.1 s (settled). The rules run every 2.6 s and
+	// the scrapes every 2 s, so the gap between them turns through ten
+	// phases 0.2 s apart: on a busy machine whose scrapes take long, more
+	// evaluations are skipped, none is misread.
 	// margin, three times the longest scrape, bounds the cost check's
 	// tolerance for the price's slope.
 	margin := 0.05
 	for _, s := range api.vector(`max_over_time(scrape_duration_seconds[10m])`, 0) {
 		margin = math.Max(margin, 3*s.v)
 	}
-	t.Logf("scrapes took up to %.3f s", margin/3)
+	t.Logf("scrapes took up to %.3f s; %s", margin/3, commits)
 	final := time.Now()
 
 	// The pooled figures of the records alone.
@@ -231,7 +234,7 @@ cost:
 		checked := map[int64]bool{}
 		for deadline := time.Now().Add(2 * time.Minute); len(checked) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
 			for _, at := range api.evalTimes(g.probe, final) {
-				if len(checked) == 2 || checked[at] || !api.settled(at) {
+				if len(checked) == 2 || checked[at] || !api.settled(at, commits.bound()) {
 					continue
 				}
 				want := g.check(at)
@@ -765,8 +768,8 @@ func (p promAPI) ruleHealth() string {
 
 // settled reports whether every sidecar's last scrape at or before at
 // was stored before at: its timestamp older than its own duration plus
-// 0.1 s for the commit, so that a rule evaluated at at read it.
-func (p promAPI) settled(at int64) bool {
+// commit seconds, so that a rule evaluated at at read it.
+func (p promAPI) settled(at int64, commit float64) bool {
 	p.t.Helper()
 	series := p.matrix(`scrape_duration_seconds`, 10*time.Second, at)
 	if len(series) == 0 {
@@ -774,9 +777,72 @@ func (p promAPI) settled(at int64) bool {
 	}
 	for _, s := range series {
 		last := s.samples[len(s.samples)-1]
-		if float64(at-last.t)/1000 < last.v+0.1 {
+		if float64(at-last.t)/1000 < last.v+commit {
 			return false
 		}
 	}
 	return true
+}
+
+// commitWatch measures how long after a scrape's end (its timestamp
+// plus scrape_duration_seconds) Prometheus first answers with that
+// scrape's report, polling every 50 ms: an upper bound on the time the
+// scrape's samples took to be committed, since Prometheus appends the
+// report (scrape_duration_seconds) after it commits the scraped samples.
+type commitWatch struct {
+	stop, done chan struct{}
+
+	mu       sync.Mutex
+	max      float64 // seconds
+	observed int     // scrapes whose report appeared between two polls
+}
+
+// watchCommits starts a commitWatch on p; close stops it.
+func (p promAPI) watchCommits() *commitWatch {
+	w := &commitWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		ends := map[string]float64{} // the last report's scrape end, by instance
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			vs := p.vector(`timestamp(scrape_duration_seconds) + scrape_duration_seconds`, 0)
+			answered := float64(time.Now().UnixMicro()) / 1e6
+			w.mu.Lock()
+			for _, v := range vs {
+				inst := v.labels["instance"]
+				// A report first seen before this watch began is not
+				// timed: when it appeared is not known.
+				if prev, ok := ends[inst]; ok && v.v != prev {
+					w.max = math.Max(w.max, answered-v.v)
+					w.observed++
+				}
+				ends[inst] = v.v
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// bound is the commit allowance settled uses: twice the longest commit
+// measured so far, at least 0.1 s.
+func (w *commitWatch) bound() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return math.Max(0.1, 2*w.max)
+}
+
+func (w *commitWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return fmt.Sprintf("scrape reports answered up to %.3f s after the scrape ended (%d scrapes timed)", w.max, w.observed)
+}
+
+func (w *commitWatch) close() {
+	close(w.stop)
+	<-w.done
 }
