@@ -23,6 +23,7 @@ var readers = []struct {
 	{"AIPerf", func(t *testing.T, path string) { report(t, aiperfCheck(path, 512)) }},
 	{"GuideLLM", func(t *testing.T, path string) { report(t, guidellmCheck(path, 512)) }},
 	{"SGLang", func(t *testing.T, path string) { report(t, sglangCheck(path)) }},
+	{"vLLM", func(t *testing.T, path string) { report(t, vllmCheck(path, 512)) }},
 }
 
 func report(t *testing.T, errs []error) {
@@ -296,6 +297,70 @@ func sglangCheck(path string) []error {
 	return errs
 }
 
+// vllmCheck: vLLM's timed_trace reader (vllm bench serve --dataset-name
+// timed_trace), vllm-project/vllm at
+// bfb9ebc211d3b4abaa3fc2c87315ff7801d93d5b (PR #39795's merge) and
+// unchanged in these rules at 93e3bc8f30b1e135b88a2ffc7f219e3428d39293
+// (main, 2026-07-13), vllm/benchmarks/datasets/datasets.py, TimedTrace:
+// the file's readlines(), each json.loads(line.strip()) (so a blank line
+// is an error, unlike the other readers); timestamp, input_length and
+// output_length required and not null (ValueError), timestamp through
+// float(), input_length compared and subtracted (a number); hash_ids
+// optional. Two rules are the replay's fidelity rather than refusals,
+// and checked as errors all the same, since a file that breaks them
+// replays another workload without a word: _expand_prompt builds
+// min(input_length, len(hash_ids) × chunk) tokens, so the ids must
+// cover input_length at --timed-trace-chunk-hash-size chunk; and
+// vllm/benchmarks/serve.py, get_request, sends in file order, each line
+// at its timestamp from the start or at once when that is past, so the
+// timestamps must not decrease.
+func vllmCheck(path string, chunk int64) []error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	bad := func(n int, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("vllm: line %d: %s", n, fmt.Sprintf(format, a...)))
+	}
+	prev := math.Inf(-1)
+	for n, l := range strings.SplitAfter(string(b), "\n") {
+		if l == "" {
+			break // the end of a file whose last line ends in a newline
+		}
+		m, err := object([]byte(strings.TrimSpace(l)))
+		if err != nil {
+			bad(n+1, "json.loads: %v", err)
+			continue
+		}
+		for _, k := range []string{"timestamp", "input_length", "output_length"} {
+			if !present(m, k) {
+				bad(n+1, "%s missing or null: ValueError", k)
+			}
+		}
+		var ts, in float64
+		if json.Unmarshal(m["timestamp"], &ts) == nil && present(m, "timestamp") {
+			if ts < prev {
+				bad(n+1, "timestamp %v after %v: sent in file order, not at its instant", ts, prev)
+			}
+			prev = ts
+		} else if present(m, "timestamp") {
+			bad(n+1, "float(timestamp) fails")
+		}
+		if present(m, "input_length") && json.Unmarshal(m["input_length"], &in) != nil {
+			bad(n+1, "input_length is not a number")
+		}
+		var ids []json.RawMessage
+		if present(m, "hash_ids") && json.Unmarshal(m["hash_ids"], &ids) != nil {
+			bad(n+1, "hash_ids is not a list")
+		}
+		if float64(int64(len(ids))*chunk) < in {
+			bad(n+1, "%d hash_ids of %d tokens build %d of input_length %v tokens", len(ids), chunk, int64(len(ids))*chunk, in)
+		}
+	}
+	return errs
+}
+
 // TestReaderRulesRefuse: each reader's checks refuse the lines its
 // reader refuses, so that passing them means something.
 func TestReaderRulesRefuse(t *testing.T) {
@@ -304,10 +369,13 @@ func TestReaderRulesRefuse(t *testing.T) {
 		bad  map[string]bool // readers that refuse it
 	}{
 		{`{"timestamp":0,"input_length":600,"output_length":5,"hash_ids":[0,1]}`, nil},
-		{`{"timestamp":0,"input_length":600,"output_length":5,"hash_ids":[0]}`, map[string]bool{"AIPerf": true, "GuideLLM": true}},
+		{`{"timestamp":0,"input_length":600,"output_length":5,"hash_ids":[0]}`, map[string]bool{"AIPerf": true, "GuideLLM": true, "vLLM": true}},
 		{`{"timestamp":0,"input_length":600,"output_length":5,"hash_ids":[0,-1]}`, map[string]bool{"GuideLLM": true}},
 		{`{"timestamp":0,"input_length":600,"output_length":5,"hash_ids":[0,1],"session_id":7}`, map[string]bool{"AIPerf": true}},
-		{`{"input_length":600,"output_length":5,"hash_ids":[0,1]}`, map[string]bool{"GuideLLM": true, "SGLang": true}},
+		{`{"input_length":600,"output_length":5,"hash_ids":[0,1]}`, map[string]bool{"GuideLLM": true, "SGLang": true, "vLLM": true}},
+		{`{"timestamp":0,"output_length":5}`, map[string]bool{"AIPerf": true, "GuideLLM": true, "vLLM": true}},
+		{"{\"timestamp\":0,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}\n\n{\"timestamp\":1,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}", map[string]bool{"vLLM": true}},
+		{"{\"timestamp\":5,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}\n{\"timestamp\":1,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}", map[string]bool{"vLLM": true}},
 		{`{"timestamp":1.5,"input_length":600,"output_length":5,"hash_ids":[0,1]}`, map[string]bool{"AIPerf": true}},
 		{`{"timestamp":0,"input_length":600,"output_length":5.5,"hash_ids":[0,1]}`, map[string]bool{"AIPerf": true, "GuideLLM": true, "SGLang": true}},
 	}
@@ -316,7 +384,7 @@ func TestReaderRulesRefuse(t *testing.T) {
 		if err := os.WriteFile(path, []byte(c.line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		for name, errs := range map[string][]error{"AIPerf": aiperfCheck(path, 512), "GuideLLM": guidellmCheck(path, 512), "SGLang": sglangCheck(path)} {
+		for name, errs := range map[string][]error{"AIPerf": aiperfCheck(path, 512), "GuideLLM": guidellmCheck(path, 512), "SGLang": sglangCheck(path), "vLLM": vllmCheck(path, 512)} {
 			if got := len(errs) > 0; got != c.bad[name] {
 				t.Errorf("%s on %s: refused %v (%v), want %v", name, c.line, got, errs, c.bad[name])
 			}
