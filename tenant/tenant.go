@@ -13,6 +13,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -51,6 +53,8 @@ type Resolver struct {
 	room     int // slots for undeclared identities
 
 	ephemeral bool // no secret configured: a random one, this process's
+
+	macs sync.Pool // hash.Hash: HMAC-SHA256 keyed with key, reset
 
 	mu       sync.RWMutex
 	admitted map[string]struct{}
@@ -93,6 +97,7 @@ func New(cfg config.Tenant) (*Resolver, error) {
 		}
 	}
 	r.room = max(cfg.Max()-len(cfg.Tenants), 0)
+	r.macs.New = func() any { return hmac.New(sha256.New, r.key) }
 	return r, nil
 }
 
@@ -173,11 +178,19 @@ func (t *Resolver) Identify(r *http.Request, api string) string {
 
 // Hash returns the identity of value v when no tenant declares it: "t-"
 // and the first config.TenantHashHex hex characters of HMAC-SHA256(key, v).
+// The keyed hashes are pooled: a new one costs more allocations than the
+// rest of a request's tenant work.
 func (t *Resolver) Hash(v string) string {
-	m := hmac.New(sha256.New, t.key)
-	m.Write([]byte(v))
+	m := t.macs.Get().(hash.Hash)
+	io.WriteString(m, v)
 	var sum [sha256.Size]byte
-	return hashPrefix + hex.EncodeToString(m.Sum(sum[:0]))[:config.TenantHashHex]
+	s := m.Sum(sum[:0])
+	m.Reset()
+	t.macs.Put(m)
+	var out [len(hashPrefix) + config.TenantHashHex]byte
+	copy(out[:], hashPrefix)
+	hex.Encode(out[len(hashPrefix):], s[:config.TenantHashHex/2])
+	return string(out[:])
 }
 
 // APIKey returns the API key request r carries for api (nil: any API):
