@@ -173,19 +173,24 @@ func (k *Checker) Check(d *stream.Declared, col *stream.Collector, partial, trun
 	}
 	var failed [7]bool // by index in Checks
 	unusable := false
-	validate := func(raw, doc []byte, schemaFail int) {
-		if raw == nil {
-			return
+	// parse reports whether doc is JSON and whether it meets schema raw
+	// (nil: none, or one that cannot be used): one parse of doc, the
+	// schema library's when there is a schema to validate against.
+	parse := func(raw, doc []byte) (isJSON, meets bool) {
+		var s *jsonschema.Schema
+		if raw != nil {
+			if s = k.schema(raw); s == nil {
+				unusable = true
+			}
 		}
-		s := k.schema(raw)
 		if s == nil {
-			unusable = true
-			return
+			return json.Valid(doc), true
 		}
 		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
-		if err != nil || s.Validate(inst) != nil {
-			failed[schemaFail] = true
+		if err != nil {
+			return false, false
 		}
+		return true, s.Validate(inst) == nil
 	}
 	for _, c := range col.Calls() {
 		var tool *stream.DeclaredTool
@@ -203,25 +208,23 @@ func (k *Checker) Check(d *stream.Declared, col *stream.Collector, partial, trun
 		if len(args) == 0 {
 			args = []byte("{}") // a call with no arguments (Ollama, Gemini omit them)
 		}
-		if !json.Valid(args) {
-			if truncated {
-				failed[5] = true
-			} else {
-				failed[0] = true
-			}
-			continue
+		switch isJSON, meets := parse(tool.Schema, args); {
+		case !isJSON && truncated:
+			failed[5] = true
+		case !isJSON:
+			failed[0] = true
+		case !meets:
+			failed[1] = true
 		}
-		validate(tool.Schema, args, 1)
 	}
 	if d.JSON && len(col.Calls()) == 0 {
-		out := bytes.TrimSpace(col.Text())
-		switch {
-		case json.Valid(out):
-			validate(d.Schema, out, 4)
-		case truncated:
+		switch isJSON, meets := parse(d.Schema, bytes.TrimSpace(col.Text())); {
+		case !isJSON && truncated:
 			failed[5] = true
-		default:
+		case !isJSON:
 			failed[3] = true
+		case !meets:
+			failed[4] = true
 		}
 	}
 	var r Result
