@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -135,15 +134,5 @@ func TestFirstRunShowsEverything(t *testing.T) {
 		t.Error("the log did not announce the first-run demo")
 	}
 	t.Logf("everything shown %v after the start: %d requests offered to the demo SLO, knee %s, %d strips", took.Round(time.Millisecond), offered, knee, strips)
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("no exit 15 s after SIGTERM")
-	}
+	terminate(t, cmd, 15*time.Second)
 }

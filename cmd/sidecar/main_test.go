@@ -27,6 +27,23 @@ func build(t *testing.T, env ...string) string {
 	return bin
 }
 
+// terminate sends the sidecar SIGTERM and requires it to exit with
+// status 0 within limit.
+func terminate(t *testing.T, cmd *exec.Cmd, limit time.Duration) {
+	t.Helper()
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(limit):
+		t.Fatalf("no exit %v after SIGTERM", limit)
+	}
+}
+
 func TestBadConfigExits2NamingEveryProblem(t *testing.T) {
 	bin := build(t, "CGO_ENABLED=0")
 	cmd := exec.Command(bin, "--upstream", "ftp://x", "--max-models", "0", "--log-level", "loud")
@@ -130,15 +147,5 @@ func runDefault(t *testing.T, bin, energyReason string) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no exit 10 s after SIGTERM")
-	}
+	terminate(t, cmd, 10*time.Second)
 }
