@@ -68,16 +68,7 @@ func createToolsModel(t *testing.T, w *world) {
 func TestStructureForcedToolCall(t *testing.T) {
 	w := setup(t)
 	createToolsModel(t, w)
-	cfg := filepath.Join(t.TempDir(), "tokentap.yaml")
-	os.WriteFile(cfg, []byte(`slo:
-  objectives:
-    - name: answers
-      target: 0.9
-      structure: required
-      thresholds:
-        e2e: 10m
-`), 0o644)
-	s := startSidecar(t, w, "--config", cfg)
+	s := startStructureSidecar(t, w)
 	const format = `{"type":"object","properties":{"name":{"const":"get_weather"},"arguments":{"type":"object","properties":{"city":{"enum":["paris"]}},"required":["city"],"additionalProperties":false}},"required":["name","arguments"],"additionalProperties":false}`
 	for _, c := range []struct {
 		name, params string
@@ -160,16 +151,7 @@ func TestStructureForcedToolCall(t *testing.T) {
 // output_schema, on the one with "not".
 func TestStructureFormatOutput(t *testing.T) {
 	w := setup(t)
-	cfg := filepath.Join(t.TempDir(), "tokentap.yaml")
-	os.WriteFile(cfg, []byte(`slo:
-  objectives:
-    - name: answers
-      target: 0.9
-      structure: required
-      thresholds:
-        e2e: 10m
-`), 0o644)
-	s := startSidecar(t, w, "--config", cfg)
+	s := startStructureSidecar(t, w)
 	const city = `"type":"object","properties":{"city":{"enum":["paris"]}},"required":["city"],"additionalProperties":false`
 	for _, c := range []struct {
 		name, format string
@@ -211,4 +193,22 @@ func TestStructureFormatOutput(t *testing.T) {
 			t.Logf("Ollama answered %s; record: structure %v %v", answer.String(), r.raw["structure"], failed)
 		})
 	}
+}
+
+// startStructureSidecar starts a sidecar in front of w whose one SLO,
+// answers, requires structure (and any end-to-end time under 10 min).
+func startStructureSidecar(t *testing.T, w *world) *sidecar {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "tokentap.yaml")
+	if err := os.WriteFile(cfg, []byte(`slo:
+  objectives:
+    - name: answers
+      target: 0.9
+      structure: required
+      thresholds:
+        e2e: 10m
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return startSidecar(t, w, "--config", cfg)
 }
