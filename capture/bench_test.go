@@ -128,15 +128,7 @@ func BenchmarkRequest(b *testing.B) {
 					}
 					defer c.Close(context.Background())
 				}
-				opts := pipeline.Options{}
-				if c != nil {
-					opts.Capture = c
-				}
-				up, _ := url.Parse("http://engine.invalid")
-				p, err := proxy.New(proxy.Options{Upstream: up, Transport: canned{cannedStream(64)}, Pipeline: pipeline.New(opts)})
-				if err != nil {
-					b.Fatal(err)
-				}
+				p := newProxy(b, c)
 				b.ReportAllocs()
 				for b.Loop() {
 					r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
