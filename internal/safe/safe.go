@@ -23,8 +23,10 @@ const MaxBytes = 256
 //   - each byte that is not part of valid UTF-8 becomes U+FFFD;
 //   - each control character (C0 U+0000-U+001F, DEL U+007F, C1
 //     U+0080-U+009F) becomes the four characters \xHH (lower-case hex),
-//     and the line and paragraph separators U+2028 and U+2029 become
-//     \u2028 and \u2029;
+//     and the line and paragraph separators U+2028 and U+2029 and the
+//     bidirectional controls (U+061C, U+200E, U+200F, U+202A-U+202E,
+//     U+2066-U+2069), which can make a log line or a page read other than
+//     its bytes, become \uXXXX (lower-case hex);
 //   - the result is cut at the last character (or escape) that fits in
 //     max bytes; a character is never split.
 //
@@ -69,11 +71,14 @@ func String(s string, max int) string {
 			b.WriteString(`\x`)
 			b.WriteByte(hex[r>>4])
 			b.WriteByte(hex[r&0xf])
-		case r == '\u2028' || r == '\u2029':
+		case escaped(r):
 			if b.Len()+6 > max {
 				return b.String()
 			}
-			b.WriteString(`\u202`)
+			b.WriteString(`\u`)
+			b.WriteByte(hex[r>>12&0xf])
+			b.WriteByte(hex[r>>8&0xf])
+			b.WriteByte(hex[r>>4&0xf])
 			b.WriteByte(hex[r&0xf])
 		default:
 			if b.Len()+n > max {
@@ -97,8 +102,23 @@ func clean(s string) int {
 		return 0
 	}
 	r, n := utf8.DecodeRuneInString(s)
-	if r == utf8.RuneError && n == 1 || r <= 0x9f || r == '\u2028' || r == '\u2029' {
+	if r == utf8.RuneError && n == 1 || r <= 0x9f || escaped(r) {
 		return 0
 	}
 	return n
+}
+
+// escaped reports whether r, a character above U+009F, is written as
+// \uXXXX: the line and paragraph separators, and the bidirectional
+// controls (embeddings, overrides, isolates and the marks).
+func escaped(r rune) bool {
+	switch {
+	case r == '\u2028' || r == '\u2029':
+		return true
+	case r == '\u061c' || r == '\u200e' || r == '\u200f':
+		return true
+	case r >= '\u202a' && r <= '\u202e', r >= '\u2066' && r <= '\u2069':
+		return true
+	}
+	return false
 }

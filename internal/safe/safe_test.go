@@ -12,7 +12,8 @@ import (
 
 // unsafeRune reports a character String must never let through.
 func unsafeRune(r rune) bool {
-	return r < 0x20 || r >= 0x7f && r <= 0x9f || r == '\u2028' || r == '\u2029'
+	return r < 0x20 || r >= 0x7f && r <= 0x9f || r == '\u2028' || r == '\u2029' ||
+		r == '\u061c' || r == '\u200e' || r == '\u200f' || r >= '\u202a' && r <= '\u202e' || r >= '\u2066' && r <= '\u2069'
 }
 
 func check(t *testing.T, in, out string, max int) {
@@ -41,6 +42,10 @@ func TestString(t *testing.T) {
 		{"DEL and C1", "a\x7fb\u0085c\u009bd", `a\x7fb\x85c\x9bd`},
 		{"U+2028 and U+2029", "a\u2028b\u2029c", `a\u2028b\u2029c`},
 		{"U+FFFD kept", "a\uFFFDb", "a\uFFFDb"},
+		{"bidi overrides and isolates", "a\u202eb\u202ac\u2066d\u2069e", `a\u202eb\u202ac\u2066d\u2069e`},
+		{"bidi marks", "\u200e\u200f\u061c", `\u200e\u200f\u061c`},
+		{"near the bidi ranges, kept", "\u2029x\u202f\u2065\u206a\u200d", `\u2029x` + "\u202f\u2065\u206a\u200d"},
+		{"a bidi escape that does not fit", strings.Repeat("a", 251) + "\u202e", strings.Repeat("a", 251)},
 		{"300 bytes of 2-byte characters", multi, strings.Repeat("é", 128)},
 		{"cut inside a 3-byte character", strings.Repeat("a", 255) + "模", strings.Repeat("a", 255)},
 		{"an escape that does not fit", strings.Repeat("a", 253) + "\x1b", strings.Repeat("a", 253)},
