@@ -200,7 +200,8 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	if s.tenants.Ephemeral() {
 		log.Warn("tenants: no tenant.hash_key_file or hash_key: undeclared tenants are hashed with a random secret of this process; their labels change on restart and differ between replicas")
 	}
-	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, Tenants: tenantNames, ProviderName: cfg.Tracing.ProviderName}
+	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, Tenants: tenantNames,
+		LoadBuckets: slo.NewLoadBuckets(cfg.Capacity).Labels(), ProviderName: cfg.Tracing.ProviderName}
 	metrics := exporter.New(mcfg)
 	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {

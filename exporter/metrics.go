@@ -18,7 +18,8 @@ import (
 // pre-create.
 //
 // The zero value allows 20 model names, declares none, pre-creates no
-// SLO series and names the provider DefaultProviderName.
+// SLO series (by load or by tenant neither) and names the provider
+// DefaultProviderName.
 type Config struct {
 	// MaxModels is how many distinct model names get their own label
 	// value; later ones are exported as "_other". Zero means 20.
@@ -32,6 +33,12 @@ type Config struct {
 	// Tenants are the declared tenants (tenants on): their per-tenant
 	// SLO counters exist from the start too.
 	Tenants []string
+	// LoadBuckets are the load buckets' label values (slo.LoadBuckets,
+	// "+Inf" included): each SLO's by-load counters exist from the start
+	// for each, so that a bucket's first request is a rise from 0 that
+	// rate() sees rather than a new series whose first sample it cannot.
+	// Nil pre-creates none.
+	LoadBuckets []string
 	// ProviderName is gen_ai.provider.name on the GenAI client metrics
 	// (client.go), as on the spans (config.Tracing.ProviderName); empty
 	// means DefaultProviderName.
@@ -125,6 +132,11 @@ func New(cfg Config) *Metrics {
 		for _, t := range cfg.Tenants {
 			for _, i := range []Instrument{SLOOfferedByTenant, SLOQualifiedByTenant, SLOQualifiedTokensByTenant} {
 				m.vecs[i].(*prometheus.CounterVec).WithLabelValues(s, t)
+			}
+		}
+		for _, b := range cfg.LoadBuckets {
+			for _, i := range []Instrument{SLOOfferedByLoad, SLOQualifiedByLoad, SLOQualifiedTokensByLoad} {
+				m.vecs[i].(*prometheus.CounterVec).WithLabelValues(s, b)
 			}
 		}
 	}

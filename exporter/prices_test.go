@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -136,5 +137,23 @@ tokentap_slo_requests_by_load_total{load="6",slo="strict"} 1
 	n.Publish(r, k)
 	if c, _ := testutil.GatherAndCount(n.Registry, "tokentap_slo_requests_by_load_total"); c != 0 {
 		t.Fatalf("%d by-load series without a load", c)
+	}
+}
+
+// With the load buckets declared, every SLO's by-load counters exist at 0
+// before any request, one series per bucket, so that the first request in
+// a bucket is an increase rate() sees.
+func TestByLoadCountersPreCreated(t *testing.T) {
+	m := New(Config{SLOs: []string{"chat"}, LoadBuckets: []string{"1", "6", "+Inf"}})
+	var want strings.Builder
+	for _, spec := range []Spec{specs[SLOQualifiedTokensByLoad], specs[SLOQualifiedByLoad], specs[SLOOfferedByLoad]} {
+		fmt.Fprintf(&want, "# HELP %s %s\n# TYPE %s counter\n", spec.Prom, spec.Help, spec.Prom)
+		for _, b := range []string{"+Inf", "1", "6"} {
+			fmt.Fprintf(&want, "%s{load=%q,slo=\"chat\"} 0\n", spec.Prom, b)
+		}
+	}
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want.String()), "tokentap_slo_requests_by_load_total",
+		"tokentap_slo_qualified_requests_by_load_total", "tokentap_slo_qualified_output_tokens_by_load_total"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/workload"
@@ -207,7 +208,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 	for _, o := range cfg.SLO.Objectives {
 		names = append(names, o.Name)
 	}
-	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: names, ProviderName: cfg.Tracing.ProviderName}
+	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: names, LoadBuckets: slo.NewLoadBuckets(cfg.Capacity).Labels(), ProviderName: cfg.Tracing.ProviderName}
 	metrics := exporter.New(mcfg)
 	otel, err := tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
 	if err != nil {

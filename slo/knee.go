@@ -90,6 +90,10 @@ func (b LoadBuckets) Index(load float64) int {
 // Label returns bucket i's label: its upper bound, or "+Inf".
 func (b LoadBuckets) Label(i int) string { return b.labels[i] }
 
+// Labels returns every bucket's label, in order, "+Inf" last: the load
+// label values the by-load counters pre-create (exporter.Config).
+func (b LoadBuckets) Labels() []string { return append([]string(nil), b.labels...) }
+
 // Upper returns bucket i's upper bound (+Inf for the last).
 func (b LoadBuckets) Upper(i int) float64 {
 	if i >= len(b.bounds) {
