@@ -83,6 +83,16 @@ type Egress struct {
 	LeafValidity time.Duration `yaml:"leaf_validity"`
 }
 
+// Bounds on the egress allow-lists: each intercepted host is a target
+// label value (and a matcher every CONNECT tries), each tunnel or
+// internal entry a matcher; a list longer than these is refused at start
+// (exit 2) rather than paid for on every CONNECT.
+const (
+	MaxInterceptHosts  = 100
+	MaxTunnelEntries   = 1000
+	MaxInternalEntries = 1000
+)
+
 // EgressDefaults returns the egress section before any file, env or flag.
 func EgressDefaults() Egress {
 	return Egress{
@@ -150,6 +160,15 @@ func (c Egress) Validate() []error {
 		if len(c.Intercept) == 0 {
 			bad("egress.intercept: empty: nothing would be measured (every host would be tunnelled)")
 		}
+	}
+	if n := len(c.Intercept); n > MaxInterceptHosts {
+		bad("egress.intercept: %d hosts, at most %d (each is a target label value)", n, MaxInterceptHosts)
+	}
+	if n := len(c.TunnelAllow); n > MaxTunnelEntries {
+		bad("egress.tunnel_allow: %d entries, at most %d", n, MaxTunnelEntries)
+	}
+	if n := len(c.InternalAllow); n > MaxInternalEntries {
+		bad("egress.internal_allow: %d entries, at most %d", n, MaxInternalEntries)
 	}
 	seen := map[string]bool{}
 	for _, h := range c.Intercept {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -165,5 +166,45 @@ func TestEgressAllowListsAndAuth(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d errors, want %d:\n%s", len(got), len(want), all)
+	}
+}
+
+// Each allow-list is bounded: one entry over its bound is refused, naming
+// the list, the count and the bound; at the bound it is accepted.
+func TestEgressListBounds(t *testing.T) {
+	hosts := func(n int, f string) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf(f, i)
+		}
+		return out
+	}
+	at := EgressDefaults()
+	at.Intercept = hosts(MaxInterceptHosts, "h%d.test")
+	at.TunnelAllow = hosts(MaxTunnelEntries, "t%d.test:443")
+	at.InternalAllow = hosts(MaxInternalEntries, "i%d.test")
+	if errs := at.Validate(); len(errs) != 0 {
+		t.Fatalf("lists at their bounds: %v", errs)
+	}
+	over := at
+	over.Intercept = hosts(MaxInterceptHosts+1, "h%d.test")
+	over.TunnelAllow = hosts(MaxTunnelEntries+1, "t%d.test:443")
+	over.InternalAllow = hosts(MaxInternalEntries+1, "i%d.test")
+	var got []string
+	for _, e := range over.Validate() {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		fmt.Sprintf("egress.intercept: %d hosts, at most %d", MaxInterceptHosts+1, MaxInterceptHosts),
+		fmt.Sprintf("egress.tunnel_allow: %d entries, at most %d", MaxTunnelEntries+1, MaxTunnelEntries),
+		fmt.Sprintf("egress.internal_allow: %d entries, at most %d", MaxInternalEntries+1, MaxInternalEntries),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d errors, want %d: %q", len(got), len(want), got)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(got[i], w) {
+			t.Errorf("error %d = %q, want it to start %q", i, got[i], w)
+		}
 	}
 }

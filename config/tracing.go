@@ -29,6 +29,14 @@ type Tracing struct {
 	Redact          []string `yaml:"redact"` // extra regular expressions
 }
 
+// Bounds on tracing.redact: every pattern runs over every captured
+// message part, so their number and size are the cost of content
+// capture per request.
+const (
+	MaxRedactPatterns     = 64
+	MaxRedactPatternBytes = 1024
+)
+
 // Validate returns one error per problem.
 func (c Tracing) Validate() []error {
 	var errs []error
@@ -40,7 +48,14 @@ func (c Tracing) Validate() []error {
 	if c.KeepRatio < 0 || c.KeepRatio > 1 {
 		errs = append(errs, fmt.Errorf("tracing.keep_ratio: must be in [0,1], got %v", c.KeepRatio))
 	}
-	for _, r := range c.Redact {
+	if n := len(c.Redact); n > MaxRedactPatterns {
+		errs = append(errs, fmt.Errorf("tracing.redact: %d patterns, at most %d (each runs over every captured message)", n, MaxRedactPatterns))
+	}
+	for i, r := range c.Redact {
+		if len(r) > MaxRedactPatternBytes {
+			errs = append(errs, fmt.Errorf("tracing.redact[%d]: %d bytes, at most %d", i, len(r), MaxRedactPatternBytes))
+			continue
+		}
 		if _, err := regexp.Compile(r); err != nil {
 			errs = append(errs, fmt.Errorf("tracing.redact: %v", err))
 		}
