@@ -602,7 +602,11 @@ wait:
 	}()
 	cut := 0
 	egressCut := s.shutdownEgress(sctx)
-	if err := s.proxySrv.Shutdown(sctx); err != nil {
+	err := s.proxySrv.Shutdown(sctx)
+	if err == nil {
+		err = s.proxy.Wait(sctx) // switched protocols (WebSockets), which Shutdown does not wait for
+	}
+	if err != nil {
 		// The grace is over: cut what still runs, record it as
 		// error/shutdown, and let the handlers publish their records.
 		cut = s.proxy.Cut()
@@ -611,6 +615,7 @@ wait:
 		if err := s.proxySrv.Shutdown(dctx); err != nil {
 			s.proxySrv.Close()
 		}
+		s.proxy.Wait(dctx) // the cut sessions' handlers end and record them
 		dcancel()
 	}
 	cut += <-egressCut

@@ -20,6 +20,7 @@ type inflight struct {
 	mu      sync.Mutex
 	cutting bool
 	cancels map[*reqState]context.CancelCauseFunc
+	idle    chan struct{} // closed when cancels empties; nil until Wait asks
 }
 
 // add registers a request; if the proxy is already cutting, the request
@@ -40,7 +41,36 @@ func (f *inflight) add(st *reqState, cancel context.CancelCauseFunc) {
 func (f *inflight) remove(st *reqState) {
 	f.mu.Lock()
 	delete(f.cancels, st)
+	if len(f.cancels) == 0 && f.idle != nil {
+		close(f.idle)
+		f.idle = nil
+	}
 	f.mu.Unlock()
+}
+
+// Wait returns nil when no request is in flight, or ctx's error when ctx
+// is done first. http.Server.Shutdown neither waits for nor closes a
+// connection that switched protocols (a WebSocket: net/http has handed
+// it to the handler), so shutdown waits here for those too, within the
+// same grace period as streams, before it cuts what is left.
+func (p *Proxy) Wait(ctx context.Context) error {
+	f := &p.inflight
+	f.mu.Lock()
+	if len(f.cancels) == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	if f.idle == nil {
+		f.idle = make(chan struct{})
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Cut ends every request still in flight, and every later one at once:

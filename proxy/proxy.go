@@ -56,7 +56,10 @@ type Options struct {
 	// usage. Zero means 4 MiB. A larger body is forwarded, not parsed.
 	MaxParseBytes int
 	// Timeout bounds a whole request, stream included; when it fires the
-	// request's outcome is "timeout". Zero means no timeout.
+	// request's outcome is "timeout". A request that switches protocols
+	// (a WebSocket) is bounded only until its 101: the session that
+	// follows is the client's, as long as either side keeps it. Zero
+	// means no timeout.
 	Timeout time.Duration
 	// BodyReadTimeout cuts a client whose request body sends nothing for
 	// that long (408, recorded as an http_4xx error); it never applies
@@ -273,6 +276,9 @@ type reqState struct {
 	// not nil, releases the request timeout's.
 	cut    context.CancelCauseFunc
 	cancel context.CancelFunc
+	// switchTimer is the timeout of a request that asks to switch
+	// protocols, stopped when the upstream switches; nil otherwise.
+	switchTimer *time.Timer
 }
 
 // ServeHTTP proxies one request.
@@ -454,10 +460,19 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 		st.obs.UsageInjected()
 	}
 	ctx = context.WithValue(ctx, stateKey{}, st)
-	if p.opts.Timeout > 0 {
+	switching := upgradeType(r.Header) != ""
+	switch {
+	case p.opts.Timeout > 0 && switching:
+		// Bounded until the 101 (upgrade stops the timer), not for the
+		// session's life; the cause is the deadline's, as below.
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		st.cancel = func() { cancel(nil) }
+		st.switchTimer = time.AfterFunc(p.opts.Timeout, func() { cancel(context.DeadlineExceeded) })
+	case p.opts.Timeout > 0:
 		ctx, st.cancel = context.WithTimeout(ctx, p.opts.Timeout)
 	}
-	ctx = st.phases.install(ctx, p.clock, upgradeType(r.Header) != "")
+	ctx = st.phases.install(ctx, p.clock, switching)
 	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx
 	p.inflight.add(st, st.cut)
@@ -465,19 +480,23 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 }
 
 // end ends a request whose response is over, in this order: its record
-// settled (finish), its place among those in flight and its contexts
-// released, then the pipeline's end stages (endStages). All but the
-// stages are done when end returns; see ServeHTTP's design note for why
-// on another goroutine.
+// settled (finish), its contexts released, the pipeline's end stages
+// started (endStages), then its place among those in flight given up,
+// so that whoever Waits for the proxy finds the stages already counted
+// in Options.Ends. All but the stages are done when end returns; see
+// ServeHTTP's design note for why on another goroutine.
 func (p *Proxy) end(st *reqState) {
 	onOwnStack(func() {
 		captured := p.finish(st)
-		p.inflight.remove(st)
 		st.cut(nil)
+		if st.switchTimer != nil {
+			st.switchTimer.Stop()
+		}
 		if st.cancel != nil {
 			st.cancel()
 		}
 		p.endStages(st.obs, st.rec, captured)
+		p.inflight.remove(st)
 	})
 }
 
@@ -585,7 +604,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		status, etype = http.StatusRequestTimeout, record.ErrHTTP4xx
 	case st != nil && st.clientCtx.Err() != nil:
 		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded) || st != nil && st.timedOut():
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
 		etype = record.ErrUpstreamTLS
@@ -731,10 +750,16 @@ func (st *reqState) cutBy() (outcome record.Outcome, errorType string, cut bool)
 		return record.Error, record.ErrShutdown, true
 	case st.clientCtx.Err() != nil:
 		return record.Cancelled, record.ErrCancelled, true
-	case errors.Is(st.ctx.Err(), context.DeadlineExceeded):
+	case st.timedOut():
 		return record.Timeout, record.ErrTimeout, true
 	}
 	return "", "", false
+}
+
+// timedOut reports whether Options.Timeout ended the request (its
+// context's cause: a deadline, or a switch's timer).
+func (st *reqState) timedOut() bool {
+	return st.ctx != nil && errors.Is(context.Cause(st.ctx), context.DeadlineExceeded)
 }
 
 // tokens settles the output token count from the best source

@@ -72,6 +72,9 @@ func (p *Proxy) upgrade(st *reqState, resp *http.Response) error {
 	if !ok {
 		return errors.New("the upstream's 101 has no connection to splice (its transport does not give one)")
 	}
+	if st.switchTimer != nil && !st.switchTimer.Stop() {
+		return errors.New("the request timeout passed before the upstream switched protocols")
+	}
 	st.rec.API = record.APIUpgrade
 	st.upgrade = &upstreamConn{ReadWriteCloser: body}
 	if cw, ok := st.phases.conn.(interface{ CloseWrite() error }); ok {

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
@@ -393,4 +394,56 @@ func TestUpgradeMismatchRefused(t *testing.T) {
 	if r := only(t, sink); r.Outcome != record.Error || r.HTTPStatus != 502 || r.API == record.APIUpgrade {
 		t.Fatalf("record api=%s %s/%s %d", r.API, r.Outcome, r.ErrorType, r.HTTPStatus)
 	}
+}
+
+// Options.Timeout bounds a request that asks to switch protocols only
+// until its 101: a session that outlives the timeout several times over
+// (measured) still echoes, and ends a success; an upstream that has not
+// switched when the timeout passes gets the client a 504, recorded as a
+// timeout.
+func TestWebSocketTimeoutOnlyUntilTheSwitch(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	t.Run("the session outlives it", func(t *testing.T) {
+		fs, sink := front(t, &wsEcho{}, Options{Timeout: timeout})
+		conn, br := wsDial(t, fs.Listener.Addr().String())
+		switched := time.Now()
+		wsRoundTrip(t, conn, br, []byte("first"))
+		for time.Since(switched) < 5*timeout {
+			time.Sleep(timeout)
+		}
+		wsRoundTrip(t, conn, br, []byte("past the timeout"))
+		wsWrite(conn, wsClose, []byte{0x03, 0xe8}, []byte{9, 8, 7, 6})
+		io.Copy(io.Discard, br) // the close frame, then the upstream's end
+		conn.Close()
+		if r := only(t, sink); r.API != record.APIUpgrade || r.Outcome != record.Success || r.HTTPStatus != 101 {
+			t.Fatalf("record api=%s %s/%s status %d, want upgrade success 101", r.API, r.Outcome, r.ErrorType, r.HTTPStatus)
+		}
+	})
+	t.Run("no switch before it", func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		})
+		fs, sink := front(t, slow, Options{Timeout: timeout})
+		conn, err := net.Dial("tcp", fs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: a2V5a2V5a2V5a2V5a2V5aw==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusGatewayTimeout {
+			t.Fatalf("status %s, want 504", resp.Status)
+		}
+		if r := only(t, sink); r.Outcome != record.Timeout || r.ErrorType != record.ErrTimeout || r.HTTPStatus != 504 {
+			t.Fatalf("record %s/%s status %d, want timeout/timeout 504", r.Outcome, r.ErrorType, r.HTTPStatus)
+		}
+	})
 }
