@@ -18,7 +18,7 @@ func TestLimitConnHalfCloses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newConnLimit(4, prometheus.NewRegistry()).listener(ln)
+	l := newConnLimit(4, prometheus.NewRegistry(), proxyLimitSeries).listener(ln)
 	defer l.Close()
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -58,7 +58,7 @@ func TestLimitConnHalfCloses(t *testing.T) {
 // series are those of the registry given (the sidecar's own, /metrics).
 func TestConnLimitShared(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	limit := newConnLimit(2, reg)
+	limit := newConnLimit(2, reg, proxyLimitSeries)
 	var lns []*limitListener
 	for range 2 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
