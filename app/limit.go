@@ -109,12 +109,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		case sem <- struct{}{}:
 			return &limitConn{Conn: c, release: func() { <-sem }}, nil
 		default:
+			// Answered and closed here, before the next accept: the
+			// descriptor is released at once, so that a flood past the
+			// limit never holds more than one (a goroutine per refusal
+			// held them until it ran, a thousand at once on a busy
+			// machine). A new connection's send buffer is empty: the
+			// write does not wait.
 			l.limit.rejected.Inc()
-			go func() {
-				c.SetWriteDeadline(time.Now().Add(time.Second))
-				c.Write(overloaded)
-				c.Close()
-			}()
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			c.Write(overloaded)
+			c.Close()
 		}
 	}
 }
