@@ -162,6 +162,18 @@ func TestReadAtMostGrowsWithBytes(t *testing.T) {
 	if err != nil || full || len(buf) != 1<<20 || held != 1<<20+1 || cap(buf) != held {
 		t.Fatalf("a whole MiB: len %d held %d cap %d full %v err %v; want %d, %d", len(buf), held, cap(buf), full, err, 1<<20, 1<<20+1)
 	}
+	// A body of unknown length up to the bound: the last growth goes to
+	// the bound, never to a buffer a few bytes short of it and then one
+	// more: 4, 16, 64 and 256 KiB, then the bound.
+	r := bytes.NewReader(body)
+	if n := testing.AllocsPerRun(3, func() {
+		r.Reset(body)
+		if buf, held, _, _ := readAtMost(r, 1<<20+1, -1, nil); len(buf) != 1<<20 || held != 1<<20+1 {
+			t.Fatalf("a MiB of unknown length, bound a MiB and a byte: len %d held %d", len(buf), held)
+		}
+	}); n != 5 {
+		t.Errorf("%v buffers to read a MiB of unknown length, want 5", n)
+	}
 	// A budget that holds 20 KiB stops the peek at its 16 KiB buffer.
 	small := NewPeekBudget(20 << 10)
 	buf, held, full, err = readAtMost(bytes.NewReader(body), 1<<20+2, -1, small)

@@ -325,6 +325,9 @@ func readAtMost(r io.Reader, n int, size int64, budget *PeekBudget) (buf []byte,
 	for len(buf) < n {
 		if len(buf) == cap(buf) {
 			c := min(max(peekFirst, peekGrowth*cap(buf)), n)
+			if n-c < c/4 {
+				c = n // not a last growth by a few bytes (4 MiB, then 4 MiB and a byte)
+			}
 			if size >= 0 && int64(len(buf)) <= size && int64(c) > size+1 {
 				c = int(size + 1)
 			}
