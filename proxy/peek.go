@@ -26,8 +26,8 @@ type requestInfo struct {
 	Seed         *int64
 	Whole        bool // the whole body was read and parsed
 	// Read is "" when Whole, else why not (record.Record.RequestRead):
-	// ReadPartial, ReadBudget or ReadUnparsed. The fields above were then read best
-	// effort, and the response decides Stream (modifyResponse).
+	// ReadPartial, ReadBudget or ReadUnparsed. The fields above were then
+	// read best effort, and the response decides Stream (modifyResponse).
 	Read string
 	// Declared is what the body declares for the structure checks (its
 	// tools, a JSON output), read only when they are on (peek's declare)
@@ -326,7 +326,7 @@ func readAtMost(r io.Reader, n int, size int64, budget *PeekBudget) (buf []byte,
 		if len(buf) == cap(buf) {
 			c := min(max(peekFirst, peekGrowth*cap(buf)), n)
 			if n-c < c/4 {
-				c = n // not a last growth by a few bytes (4 MiB, then 4 MiB and a byte)
+				c = n // no last growth by a few bytes (1 MiB, then 1 MiB and a byte)
 			}
 			if size >= 0 && int64(len(buf)) <= size && int64(c) > size+1 {
 				c = int(size + 1)
