@@ -143,7 +143,8 @@ type Sidecar struct {
 	proxySrv  *http.Server
 	adminSrv  *http.Server
 	pln, aln  net.Listener
-	egress    *egress.Proxy // nil when egress.listen is not set
+	egress    *egress.Proxy     // nil when egress.listen is not set
+	peeks     *proxy.PeekBudget // every request-body peek's, the egress proxy's too
 	eln       net.Listener
 	// synthetic says what the pages flag as made up (applyDemo); "" in
 	// front of a real engine.
@@ -327,6 +328,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	if cfg.SLO.StructureChecks() { // one checker: one schema cache for every proxy
 		s.structure = &structure.Checker{}
 	}
+	s.peeks = newPeekBudget(cfg.PeekBudget, metrics.Registry) // shared with the egress proxy
 	s.proxy, err = proxy.New(proxy.Options{
 		ProbeHeader:     probeSecret,
 		Upstream:        up,
@@ -334,8 +336,10 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Logger:          log,
 		InjectUsage:     cfg.InjectUsage,
 		PeekBytes:       cfg.PeekBytes,
+		PeekBudget:      s.peeks,
 		Timeout:         cfg.Timeout,
 		BodyReadTimeout: cfg.BodyReadTimeout,
+		BodyMinRate:     cfg.BodyMinRate,
 		Ends:            &s.ends,
 		Structure:       s.structure,
 		Tenants:         s.proxyTenants(),
@@ -349,9 +353,12 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.defer_(func() { s.pln.Close() })
 	maxConns := cfg.MaxConnections
 	if maxConns == 0 {
-		maxConns = defaultMaxConnections()
+		maxConns = defaultMaxConnections(cfg.AdminMaxConnections)
+	} else if need := uint64(2*maxConns + cfg.AdminMaxConnections + descriptorReserve); need > descriptorLimit() {
+		log.Warn("max_connections and admin_max_connections need more descriptors than the process may open; past the limit new clients wait in the accept queue (raise ulimit -n, or leave max_connections at 0)",
+			"max_connections", maxConns, "admin_max_connections", cfg.AdminMaxConnections, "need", need, "rlimit_nofile", descriptorLimit())
 	}
-	limit := newConnLimit(maxConns, metrics.Registry) // shared with the egress listener
+	limit := newConnLimit(maxConns, metrics.Registry, proxyLimitSeries) // shared with the egress listener
 	s.pln = limit.listener(s.pln)
 	if err = s.newEgress(pipe, probeSecret, limit); err != nil {
 		return nil, err
@@ -360,6 +367,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		return nil, fmt.Errorf("admin_listen: %w", err)
 	}
 	s.defer_(func() { s.aln.Close() })
+	s.aln = newConnLimit(cfg.AdminMaxConnections, metrics.Registry, adminLimitSeries).listener(s.aln)
 	s.addrs.Proxy, s.addrs.Admin = s.pln.Addr().String(), s.aln.Addr().String()
 
 	probes := cfg.Probes
@@ -715,6 +723,24 @@ func exportFileStats(reg prometheus.Registerer, f *record.File) {
 		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error), and batches that went, or would have gone, to a deleted file; each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
 		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
 	)
+}
+
+// newPeekBudget makes the request-body peeks' budget and exports it
+// (docs/metrics.md, "Connections and limits").
+func newPeekBudget(max int64, reg prometheus.Registerer) *proxy.PeekBudget {
+	b := proxy.NewPeekBudget(max)
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_peek_budget_bytes",
+			Help: "The --peek-budget in force: the bytes all request-body peeks may hold at once."},
+			func() float64 { return float64(b.Max()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_peek_held_bytes",
+			Help: "Bytes the request-body peeks of the requests in flight hold now (their buffers, grown with the bytes received)."},
+			func() float64 { return float64(b.Held()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_peek_budget_full_total",
+			Help: "Requests whose body was forwarded unread, or read only in part, because the peek budget was full (request_read: budget)."},
+			func() float64 { return float64(b.Full()) }),
+	)
+	return b
 }
 
 // exportStdoutStats exports the records that could not be written to

@@ -12,7 +12,7 @@ import (
 
 // newEgress builds the egress forward proxy (docs/egress.md) beside the
 // reverse proxy when egress.listen is set: the same pipeline, the same
-// limits and timeouts (peek bytes, request timeout, idle body, header
+// limits and timeouts (peek bytes and budget, request timeout, idle and slow body, header
 // and keep-alive timeouts), its own listener under the reverse proxy's
 // connection limit (one descriptor budget for both).
 func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *connLimit) error {
@@ -26,8 +26,10 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		Logger:            s.log,
 		Registry:          s.metrics.Registry,
 		PeekBytes:         cfg.PeekBytes,
+		PeekBudget:        s.peeks,
 		Timeout:           cfg.Timeout,
 		BodyReadTimeout:   cfg.BodyReadTimeout,
+		BodyMinRate:       cfg.BodyMinRate,
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       cfg.IdleTimeout,
 		ProbeHeader:       probeSecret,

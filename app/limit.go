@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -10,16 +11,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// defaultMaxConnections sizes the connection limit to the descriptor
-// limit: each proxied stream holds a client and an engine connection, and
-// 128 descriptors are left for files, listeners and the admin server.
-func defaultMaxConnections() int {
+// descriptorReserve is how many descriptors the default connection
+// limit leaves for everything but client connections: the listeners,
+// the records and capture files, the engine's health poll and metrics
+// scrape, the canary's connections, and the admin and proxy listeners'
+// refusals (a refused connection holds a descriptor until its 503 is
+// written).
+const descriptorReserve = 64
+
+// defaultMaxConnections sizes the proxy's connection limit to the
+// descriptor limit (RLIMIT_NOFILE, read at startup): each proxied stream
+// holds a client and an engine connection, and descriptorReserve plus
+// the admin listener's own limit are kept out of it, so that neither a
+// flood on the admin port nor one on the proxy takes the other's:
+// (RLIMIT_NOFILE − 64 − admin) / 2, at least 16.
+func defaultMaxConnections(admin int) int {
+	n := (int(min(descriptorLimit(), 1<<20)) - descriptorReserve - admin) / 2
+	return max(n, 16)
+}
+
+// descriptorLimit is the process's RLIMIT_NOFILE (its soft limit, which
+// the Go runtime raised to the hard one at startup); 1024 when unknown.
+func descriptorLimit() uint64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
 		return 1024
 	}
-	n := (int(min(rl.Cur, 1<<20)) - 128) / 2
-	return max(n, 16)
+	return rl.Cur
 }
 
 // overloaded is what a connection past the limit gets before it is closed.
@@ -28,27 +46,42 @@ var overloaded = func() []byte {
 	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }()
 
-// connLimit is the one bound on open client connections, shared by every
-// listener it wraps (the reverse proxy's and the egress proxy's: one
-// descriptor budget, counted once): past max open connections, a new one
-// is answered 503 and closed at once (counted), so that a flood of idle
-// or slow clients, on either listener, cannot take every descriptor.
+// connLimit is one bound on open client connections, shared by every
+// listener it wraps: past max open connections, a new one is answered
+// 503 and closed at once (counted), so that a flood of idle or slow
+// clients cannot take every descriptor. The reverse proxy's and the
+// egress proxy's listeners share one (proxyLimitSeries: one descriptor
+// budget, counted once); the admin listener has its own
+// (adminLimitSeries), so that a flood of admin connections never takes
+// the proxy's descriptors, nor a flood of proxy ones /metrics.
 type connLimit struct {
 	sem      chan struct{}
 	rejected prometheus.Counter
 }
 
-// newConnLimit registers the limit's series on reg.
-func newConnLimit(max int, reg prometheus.Registerer) *connLimit {
+// limitSeries names a limit's series and says what it bounds.
+type limitSeries struct {
+	prefix string // tokentap_connections: _open, _max, _rejected_total
+	what   string // "Client connections (to ...)"
+	flag   string // the flag that sets the limit
+}
+
+var (
+	proxyLimitSeries = limitSeries{"tokentap_connections", "Client connections to the reverse proxy and the egress proxy together", "--max-connections"}
+	adminLimitSeries = limitSeries{"tokentap_admin_connections", "Connections to the admin listener (/metrics, /healthz, /readyz, /slo, /live)", "--admin-max-connections"}
+)
+
+// newConnLimit registers the limit's series, named by names, on reg.
+func newConnLimit(max int, reg prometheus.Registerer, names limitSeries) *connLimit {
 	l := &connLimit{sem: make(chan struct{}, max),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "tokentap_connections_rejected_total",
-			Help: "Client connections (to the reverse proxy or the egress proxy) refused with a 503 because --max-connections were open."})}
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: names.prefix + "_rejected_total",
+			Help: names.what + " refused with a 503 because " + names.flag + " were open."})}
 	reg.MustRegister(l.rejected,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_open",
-			Help: "Open client connections to the reverse proxy and the egress proxy together."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: names.prefix + "_open",
+			Help: names.what + ", open."},
 			func() float64 { return float64(len(l.sem)) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_connections_max",
-			Help: "The --max-connections limit in force, shared by the reverse proxy and the egress proxy."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: names.prefix + "_max",
+			Help: "The " + names.flag + " limit in force: " + strings.ToLower(names.what[:1]) + names.what[1:] + "."},
 			func() float64 { return float64(cap(l.sem)) }))
 	return l
 }
@@ -76,12 +109,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		case sem <- struct{}{}:
 			return &limitConn{Conn: c, release: func() { <-sem }}, nil
 		default:
+			// Answered and closed here, before the next accept: the
+			// descriptor is released at once, so that a flood past the
+			// limit never holds more than one (a goroutine per refusal
+			// held them until it ran, a thousand at once on a busy
+			// machine). A new connection's send buffer is empty: the
+			// write does not wait.
 			l.limit.rejected.Inc()
-			go func() {
-				c.SetWriteDeadline(time.Now().Add(time.Second))
-				c.Write(overloaded)
-				c.Close()
-			}()
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			c.Write(overloaded)
+			c.Close()
 		}
 	}
 }

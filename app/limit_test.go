@@ -18,7 +18,7 @@ func TestLimitConnHalfCloses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newConnLimit(4, prometheus.NewRegistry()).listener(ln)
+	l := newConnLimit(4, prometheus.NewRegistry(), proxyLimitSeries).listener(ln)
 	defer l.Close()
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -58,7 +58,7 @@ func TestLimitConnHalfCloses(t *testing.T) {
 // series are those of the registry given (the sidecar's own, /metrics).
 func TestConnLimitShared(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	limit := newConnLimit(2, reg)
+	limit := newConnLimit(2, reg, proxyLimitSeries)
 	var lns []*limitListener
 	for range 2 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -145,4 +145,77 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("%s is not on the registry", name)
 	return 0
+}
+
+// The proxy's limit and the admin listener's are apart: the admin one
+// full refuses its next connection, counted in its own series, and the
+// proxy's still accepts. (The default proxy limit at a descriptor limit
+// of 1,024: faults' TestAdminFloodLeavesProxyServed.)
+func TestAdminLimitApart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := newConnLimit(4, reg, proxyLimitSeries).listener(proxyLn)
+	al := newConnLimit(1, reg, adminLimitSeries).listener(adminLn)
+	defer pl.Close()
+	defer al.Close()
+	c, err := net.Dial("tcp", al.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held, err := al.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	go al.Accept() // refuses the next one
+	over, err := net.Dial("tcp", al.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	over.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, _ := io.ReadAll(over); !strings.HasPrefix(string(b), "HTTP/1.1 503 ") {
+		t.Errorf("past the admin limit: %q, want a 503", b)
+	}
+	over.Close()
+	pc, err := net.Dial("tcp", pl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	ps, err := pl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.Close()
+	for name, want := range map[string]float64{
+		"tokentap_admin_connections_open": 1, "tokentap_admin_connections_max": 1, "tokentap_admin_connections_rejected_total": 1,
+		"tokentap_connections_max": 4, "tokentap_connections_rejected_total": 0,
+	} {
+		if v := gauge(t, reg, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+}
+
+// The peek budget's series: its size, what the peeks hold, and the
+// requests it refused (here none).
+func TestPeekBudgetSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := newPeekBudget(8<<20, reg)
+	if b.Max() != 8<<20 {
+		t.Fatalf("Max() = %d", b.Max())
+	}
+	for name, want := range map[string]float64{"tokentap_peek_budget_bytes": 8 << 20, "tokentap_peek_held_bytes": 0, "tokentap_peek_budget_full_total": 0} {
+		if v := gauge(t, reg, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
 }

@@ -43,6 +43,9 @@ type Config struct {
 	Models []string `yaml:"models"`
 	// PeekBytes bounds the request body read before forwarding.
 	PeekBytes int `yaml:"peek_bytes"`
+	// PeekBudget bounds the bytes all request-body peeks hold at once;
+	// past it a body is forwarded unread (request_read: budget).
+	PeekBudget int64 `yaml:"peek_budget"`
 	// Timeout bounds a whole proxied request; 0 means none.
 	Timeout time.Duration `yaml:"timeout"`
 	// UpstreamHealthPath is what /readyz asks the upstream (GET, 2xx = up);
@@ -57,11 +60,19 @@ type Config struct {
 	// BodyReadTimeout cuts a client whose request body sends nothing for
 	// that long (408); 0 means never. It never applies to responses.
 	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
+	// BodyMinRate, bytes per second, cuts a request body that falls
+	// behind it after its first BodyReadTimeout (408); 0 means no
+	// minimum. It applies only with a BodyReadTimeout.
+	BodyMinRate int64 `yaml:"body_min_rate"`
 	// MaxConnections bounds the proxy's open client connections; past it
 	// a new connection gets a 503 and is closed. 0 means sized to the
-	// descriptor limit: (RLIMIT_NOFILE − 128) / 2, since each stream also
-	// holds a connection to the engine.
+	// descriptor limit: (RLIMIT_NOFILE − 64 − AdminMaxConnections) / 2,
+	// since each stream also holds a connection to the engine.
 	MaxConnections int `yaml:"max_connections"`
+	// AdminMaxConnections bounds the admin listener's open connections;
+	// past it a new connection gets a 503 and is closed. They are
+	// reserved out of the descriptor limit before MaxConnections' default.
+	AdminMaxConnections int `yaml:"admin_max_connections"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// Simulator configures the built-in engine used when Upstream is empty.
@@ -117,17 +128,21 @@ func Defaults() Config {
 		InjectUsage:        true,
 		MaxModels:          20,
 		PeekBytes:          1 << 20,
+		PeekBudget:         64 << 20,
 		Timeout:            10 * time.Minute,
 		UpstreamHealthPath: "auto",
 		ShutdownGrace:      30 * time.Second,
 		IdleTimeout:        120 * time.Second,
 		BodyReadTimeout:    30 * time.Second,
+		BodyMinRate:        1024,
 		LogLevel:           "info",
 		Simulator:          SimulatorDefaults(),
 		Engine:             EngineDefaults(),
 		Egress:             EgressDefaults(),
 		Live:               LiveDefaults(),
 		Demo:               DemoDefaults(),
+
+		AdminMaxConnections: 64, // reserved out of RLIMIT_NOFILE before MaxConnections' default
 	}
 }
 
@@ -314,12 +329,15 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.InjectUsage, "inject-usage", c.InjectUsage, "ask the engine for usage on streams whose client did not, and strip it from the client's stream")
 	fs.IntVar(&c.MaxModels, "max-models", c.MaxModels, "distinct model label values before the rest become _other")
 	fs.IntVar(&c.PeekBytes, "peek-bytes", c.PeekBytes, "request body bytes read before forwarding (model, stream, max_tokens)")
+	fs.Int64Var(&c.PeekBudget, "peek-budget", c.PeekBudget, "request body bytes all peeks may hold at once; past it a body is forwarded unread")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on a whole proxied request, stream included (0 = none)")
 	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", c.UpstreamHealthPath, "path /readyz asks the upstream; auto finds it: /health, /v1/models, /api/version, /")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long in-flight streams may finish after SIGTERM; later ones are cut and recorded as error/shutdown")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close client keep-alive connections idle this long between requests (0 = never)")
 	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", c.BodyReadTimeout, "cut a client whose request body sends nothing for this long, with a 408 (0 = never); never applies to responses")
+	fs.Int64Var(&c.BodyMinRate, "body-min-rate", c.BodyMinRate, "cut a request body slower than this many bytes per second after its first --body-read-timeout, with a 408 (0 = no minimum)")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "open client connections before new ones get a 503 (0 = from the descriptor limit)")
+	fs.IntVar(&c.AdminMaxConnections, "admin-max-connections", c.AdminMaxConnections, "open admin connections before new ones get a 503")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	if c.Energy.Enabled == "" {
 		c.Energy.Enabled = "auto"
@@ -392,6 +410,9 @@ func (c *Config) Validate() []error {
 	if c.PeekBytes < 1024 {
 		bad("peek_bytes: must be at least 1024, got %d", c.PeekBytes)
 	}
+	if c.PeekBudget < int64(c.PeekBytes) {
+		bad("peek_budget: must be at least peek_bytes (%d), got %d", c.PeekBytes, c.PeekBudget)
+	}
 	if c.Timeout < 0 {
 		bad("timeout: must not be negative")
 	}
@@ -404,8 +425,14 @@ func (c *Config) Validate() []error {
 	if c.BodyReadTimeout < 0 {
 		bad("body_read_timeout: must not be negative")
 	}
+	if c.BodyMinRate < 0 {
+		bad("body_min_rate: must not be negative")
+	}
 	if c.MaxConnections < 0 {
 		bad("max_connections: must not be negative")
+	}
+	if c.AdminMaxConnections < 1 {
+		bad("admin_max_connections: must be at least 1, got %d", c.AdminMaxConnections)
 	}
 	if c.UpstreamHealthPath != "auto" && !strings.HasPrefix(c.UpstreamHealthPath, "/") {
 		bad("upstream_health_path: must be auto or start with /, got %q", c.UpstreamHealthPath)

@@ -66,13 +66,16 @@ type Options struct {
 	Registry prometheus.Registerer
 
 	// The reverse proxy's limits and timeouts (proxy.Options, app):
-	// PeekBytes, Timeout (a whole request) and BodyReadTimeout (an idle
+	// PeekBytes and PeekBudget (the peeks' shared bound), Timeout (a
+	// whole request), BodyReadTimeout and BodyMinRate (an idle or slow
 	// request body) per request; ReadHeaderTimeout (0 means 30 s) and
 	// IdleTimeout per client connection, for the proxy listener and for
 	// every intercepted connection alike.
 	PeekBytes         int
+	PeekBudget        *proxy.PeekBudget
 	Timeout           time.Duration
 	BodyReadTimeout   time.Duration
+	BodyMinRate       int64
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
 	// ProbeHeader is the secret that marks the sidecar's own probes
@@ -615,8 +618,10 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 		Logger:          p.log.With("target", t.authority),
 		InjectUsage:     p.cfg.InjectUsage,
 		PeekBytes:       p.opts.PeekBytes,
+		PeekBudget:      p.opts.PeekBudget,
 		Timeout:         p.opts.Timeout,
 		BodyReadTimeout: p.opts.BodyReadTimeout,
+		BodyMinRate:     p.opts.BodyMinRate,
 		Traffic:         "live",
 		ProbeHeader:     p.opts.ProbeHeader,
 		Target:          t.authority,

@@ -114,8 +114,18 @@ var upLine = regexp.MustCompile(`tokentap is up.*proxy=(http://\S+) .*metrics=(h
 // when the test failed.
 func startSidecar(t *testing.T, args ...string) *sidecar {
 	t.Helper()
+	return startSidecarVia(t, nil, args...)
+}
+
+// startSidecarVia is startSidecar with the binary started by wrap (a
+// command and its arguments, given the sidecar's path and arguments
+// after them; nil: none): a shell that sets a limit and execs it, say,
+// so that the pid is the sidecar's.
+func startSidecarVia(t *testing.T, wrap []string, args ...string) *sidecar {
+	t.Helper()
 	full := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)
-	cmd := exec.Command(sidecarBin, full...)
+	argv := append(append(append([]string(nil), wrap...), sidecarBin), full...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	for _, kv := range os.Environ() { // hermetic: no TOKENTAP_* or OTEL_* from the caller
 		if !strings.HasPrefix(kv, "TOKENTAP_") && !strings.HasPrefix(kv, "OTEL_") {
 			cmd.Env = append(cmd.Env, kv)

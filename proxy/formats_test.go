@@ -529,7 +529,7 @@ func TestPeekFormats(t *testing.T) {
 		{record.APILlamaCppCompletion, "/completion", `{"prompt":"x","n_predict":30,"stream":true}`, true, 30, false, 0, false},
 	}
 	for _, c := range cases {
-		in, _, _, err := peek(io.NopCloser(strings.NewReader(c.body)), c.api, c.path, 1<<20, -1, false)
+		in, _, _, err := peek(io.NopCloser(strings.NewReader(c.body)), c.api, c.path, 1<<20, -1, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -540,7 +540,7 @@ func TestPeekFormats(t *testing.T) {
 	}
 	// A truncated body is read best-effort, the format's fields included.
 	long := `{"model":"m","options":{"num_predict":4},"stream":false,"prompt":"` + strings.Repeat("x", 100) + `"}`
-	in, _, _, _ := peek(io.NopCloser(strings.NewReader(long)), record.APIOllamaGenerate, "/api/generate", 64, -1, false)
+	in, _, _, _ := peek(io.NopCloser(strings.NewReader(long)), record.APIOllamaGenerate, "/api/generate", 64, -1, false, nil)
 	if in.Stream || in.MaxTokens != 4 || in.Whole {
 		t.Errorf("truncated Ollama body: %+v", in)
 	}

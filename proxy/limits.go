@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -91,37 +92,101 @@ func (p *Proxy) Cut() int {
 // shutDown reports whether a request was cut by Cut.
 func (st *reqState) shutDown() bool { return errors.Is(context.Cause(st.ctx), errShutdown) }
 
-// idleBody bounds the time a client may leave its request body idle:
-// before each read it moves the connection's read deadline d ahead, so a
-// body that keeps flowing is never cut, and one that sends nothing for d
-// is. Once the body is read (EOF) or closed, the deadline is cleared, so
-// the response, however long it streams, is never cut by it.
+// PeekBudget bounds the bytes that request-body peeks hold at once,
+// across every request of every proxy that shares it (Options.PeekBudget):
+// a peek's buffer grows with the bytes its client sent (readAtMost), and
+// each growth is taken from the budget first. When the budget has no
+// room, the peek stops where it is and the body is forwarded as it comes,
+// read no further (record.Record.RequestRead "budget"), and Full counts
+// it. What a peek took is given back when its request ends. Create it
+// with NewPeekBudget; a nil *PeekBudget bounds nothing. Taking is one
+// atomic add per growth of a buffer (a few per request), never per token.
+type PeekBudget struct {
+	max  int64
+	used atomic.Int64
+	full atomic.Uint64
+}
+
+// NewPeekBudget returns a budget of max bytes.
+func NewPeekBudget(max int64) *PeekBudget { return &PeekBudget{max: max} }
+
+// take reserves n bytes, or none and false when they would not fit.
+func (b *PeekBudget) take(n int) bool {
+	if b == nil {
+		return true
+	}
+	if b.used.Add(int64(n)) > b.max {
+		b.used.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+// give returns n bytes taken.
+func (b *PeekBudget) give(n int) {
+	if b != nil && n > 0 {
+		b.used.Add(-int64(n))
+	}
+}
+
+// Max is the budget's size in bytes.
+func (b *PeekBudget) Max() int64 { return b.max }
+
+// Held is the bytes the peeks of requests in flight hold now.
+func (b *PeekBudget) Held() int64 { return b.used.Load() }
+
+// Full counts the peeks cut short because the budget had no room.
+func (b *PeekBudget) Full() uint64 { return b.full.Load() }
+
+// idleBody bounds the time a client may take to send its request body.
+// Before each read it moves the connection's read deadline d ahead, so a
+// body that sends nothing for d is cut. With a minimum rate (rate > 0,
+// bytes per second), the deadline is also never later than the body's
+// allowance: d, plus a second for every rate bytes received, less the
+// time already spent waiting for the client. A body that trickles (a
+// byte every few seconds re-arms the idle deadline each time) is cut
+// once it falls behind, while one that keeps up is never cut, however
+// long it is. Only the time spent in Read counts: while the upstream is
+// slow to take the body, the proxy does not read and the client is not
+// charged for it. Once the body is read (EOF) or closed, the deadline is
+// cleared, so the response, however long it streams, is never cut by it.
 type idleBody struct {
 	io.ReadCloser
 	rc       *http.ResponseController
 	d        time.Duration
+	rate     int64      // bytes per second; 0: no minimum
 	mu       sync.Mutex // Read (transport goroutine) and Close may race
 	done     bool
 	timedOut bool
+	received int64         // bytes read
+	waited   time.Duration // time spent in Read
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
+	now := time.Now()
 	if !b.done {
-		_ = b.rc.SetReadDeadline(time.Now().Add(b.d))
+		deadline := now.Add(b.d)
+		if b.rate > 0 {
+			allowed := b.d + time.Duration(float64(b.received)/float64(b.rate)*float64(time.Second))
+			deadline = now.Add(min(b.d, allowed-b.waited))
+		}
+		_ = b.rc.SetReadDeadline(deadline)
 	}
 	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	b.received += int64(n)
+	b.waited += time.Since(now)
 	if err != nil {
 		var ne net.Error
-		b.mu.Lock()
 		if errors.As(err, &ne) && ne.Timeout() {
 			b.timedOut = true
 		}
-		b.mu.Unlock()
-		if err == io.EOF {
-			b.clear()
-		}
+	}
+	b.mu.Unlock()
+	if err == io.EOF {
+		b.clear()
 	}
 	return n, err
 }

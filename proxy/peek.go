@@ -26,21 +26,25 @@ type requestInfo struct {
 	Seed         *int64
 	Whole        bool // the whole body was read and parsed
 	// Read is "" when Whole, else why not (record.Record.RequestRead):
-	// ReadPartial or ReadUnparsed. The fields above were then read best
-	// effort, and the response decides Stream (modifyResponse).
+	// ReadPartial, ReadBudget or ReadUnparsed. The fields above were then
+	// read best effort, and the response decides Stream (modifyResponse).
 	Read string
 	// Declared is what the body declares for the structure checks (its
 	// tools, a JSON output), read only when they are on (peek's declare)
 	// and the body was read whole; its schemas alias the body.
 	Declared stream.Declared // Prefix is the peeked prefix of a body longer than the peek
-	// (ReadPartial), for the workload capture; nil otherwise.
+	// (ReadPartial, ReadBudget), for the workload capture; nil otherwise.
 	Prefix []byte
+	// held is what the peek took from the proxy's PeekBudget (its
+	// buffer's capacity), given back when the request ends.
+	held int
 }
 
 // The values of requestInfo.Read and record.Record.RequestRead.
 const (
 	ReadPartial  = "partial"  // the body was longer than the peek
 	ReadUnparsed = "unparsed" // the body was not one JSON object
+	ReadBudget   = "budget"   // the peek budget was full before the body ended (PeekBudget)
 )
 
 // classify maps a route to the API it speaks (stream.Classify: the
@@ -239,32 +243,40 @@ func readFields(buf []byte, f *bodyFields) int {
 // the limit, it is read whole and returned in full; otherwise the fields
 // are read best-effort from the prefix, and the returned reader replays
 // the prefix followed by the rest of the body, so nothing is lost or
-// delayed past the peek.
+// delayed past the peek. The peek's buffer is taken from budget as it
+// grows (readAtMost); when budget has no room the peek stops where it
+// is, as at the limit, with Read ReadBudget (counted in budget's Full).
+// What it holds is requestInfo.held: the caller gives it back when the
+// request ends (on an error, peek has).
 //
-// Design note: memory. A request body costs its own size once, in the
-// buffer it is read into (sized from Content-Length when it has one, so
-// that it is not grown and copied), and nothing more: the members the
-// sidecar needs are found by stream's scanner, which allocates nothing,
-// and only their small values are decoded (json.Unmarshal of the whole
-// body into the fields walked every message; withIncludeUsage then
-// decoded the body into a map and encoded it again: 4.9 MB allocated for
-// a 1 MB body, about 8 MB of RSS per request in flight; now 1.0 MB;
+// Design note: memory. A request body costs its own size, in the buffer
+// it is read into, and a third more in the smaller buffers it outgrew:
+// the buffer grows with the bytes that arrived, four times at a step
+// (readAtMost), never to a size the request only claims (a client that
+// declares a 1 MiB Content-Length and sends a byte every few seconds held
+// 1 MiB of heap; TestPeekHeapPerSlowClient). The members the sidecar
+// needs are found by stream's scanner, which allocates nothing, and only
+// their small values are decoded (json.Unmarshal of the whole body into
+// the fields walked every message; withIncludeUsage then decoded the body
+// into a map and encoded it again: 4.9 MB allocated for a 1 MB body,
+// about 8 MB of RSS per request in flight; now 1.4 MB;
 // TestPrepareBytesPer1MBRequest, docs/performance.md).
 //
 // declare: the structure checks are on; the body's declared tools and
 // JSON output are read (requestInfo.Declared) when it is read whole.
-func peek(body io.ReadCloser, api record.API, path string, limit int, size int64, declare bool) (requestInfo, []byte, io.ReadCloser, error) {
+func peek(body io.ReadCloser, api record.API, path string, limit int, size int64, declare bool, budget *PeekBudget) (requestInfo, []byte, io.ReadCloser, error) {
 	var none bodyFields
 	if body == nil || body == http.NoBody {
 		return none.info(api, true, path), nil, body, nil
 	}
-	buf, err := readAtMost(body, limit+1, size)
+	buf, held, full, err := readAtMost(body, limit+1, size, budget)
 	if err != nil {
+		budget.give(held)
 		return none.info(api, false, path), nil, nil, err
 	}
 	var f bodyFields
 	end := readFields(buf, &f)
-	if len(buf) <= limit {
+	if len(buf) <= limit && !full {
 		body.Close()
 		rest := io.NopCloser(bytes.NewReader(buf))
 		if end < 0 || len(bytes.TrimLeft(buf[end:], " \t\r\n")) > 0 || !json.Valid(buf) {
@@ -272,13 +284,14 @@ func peek(body io.ReadCloser, api record.API, path string, limit int, size int64
 			// some engines accept): what the object that starts it says,
 			// best effort.
 			in := f.info(api, false, path)
-			in.Read = ReadUnparsed
+			in.Read, in.held = ReadUnparsed, held
 			return in, buf, rest, nil
 		}
 		in := f.info(api, true, path)
 		if a := stream.LookupAPI(string(api)); declare && a != nil && a.Request.Declares != nil {
 			in.Declared = a.Request.Declares(f.raw)
 		}
+		in.held = held
 		return in, buf, rest, nil
 	}
 	rest := struct {
@@ -286,32 +299,53 @@ func peek(body io.ReadCloser, api record.API, path string, limit int, size int64
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(buf), body), body}
 	in := f.info(api, false, path)
-	in.Read, in.Prefix = ReadPartial, buf[:limit]
+	in.Read, in.Prefix, in.held = ReadPartial, buf[:min(len(buf), limit)], held
+	if full {
+		budget.full.Add(1)
+		in.Read = ReadBudget
+	}
 	return in, nil, rest, nil
 }
 
+// A peek's buffer starts at peekFirst bytes (less when the body says it
+// is shorter) and grows peekGrowth times when it is full.
+const (
+	peekFirst  = 4 << 10
+	peekGrowth = 4
+)
+
 // readAtMost reads r until EOF or n bytes. size is how long r says it is
-// (-1: unknown): the buffer is allocated at that size, up to n, at once.
-func readAtMost(r io.Reader, n int, size int64) ([]byte, error) {
-	c := 512
-	if size >= 0 {
-		c = int(min(size+1, int64(n))) // +1: EOF is seen without growing
-	}
-	buf := make([]byte, 0, c)
+// (-1: unknown): the buffer is never made longer than that (plus one
+// byte, to see EOF without growing), but it is not made that long either
+// until the bytes arrive: it starts at peekFirst and grows peekGrowth
+// times when full, each growth first taken from budget (nil: no bound).
+// held is what it took, the buffer's capacity; full reports that budget
+// refused a growth, and buf is then what had arrived.
+func readAtMost(r io.Reader, n int, size int64, budget *PeekBudget) (buf []byte, held int, full bool, err error) {
 	for len(buf) < n {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // grow
+			c := min(max(peekFirst, peekGrowth*cap(buf)), n)
+			if n-c < c/4 {
+				c = n // no last growth by a few bytes (1 MiB, then 1 MiB and a byte)
+			}
+			if size >= 0 && int64(len(buf)) <= size && int64(c) > size+1 {
+				c = int(size + 1)
+			}
+			if !budget.take(c - held) {
+				return buf, held, true, nil
+			}
+			buf, held = append(make([]byte, 0, c), buf...), c
 		}
-		m, err := r.Read(buf[len(buf):min(cap(buf), n)])
+		m, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+m]
 		if err == io.EOF {
-			return buf, nil
+			return buf, held, false, nil
 		}
 		if err != nil {
-			return buf, err
+			return buf, held, false, err
 		}
 	}
-	return buf, nil
+	return buf, held, false, nil
 }
 
 // splicedBody is a request body made of pieces sent one after the other:

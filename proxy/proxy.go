@@ -52,6 +52,10 @@ type Options struct {
 	// model, stream and max_tokens. Zero means 1 MiB. A larger body is
 	// streamed and read best-effort, and its usage is not injected.
 	PeekBytes int
+	// PeekBudget bounds the bytes every peek holds at once, shared by
+	// the proxies given the same one (PeekBudget). Nil: no shared bound;
+	// each peek still grows only with the bytes its client sent.
+	PeekBudget *PeekBudget
 	// MaxParseBytes bounds a non-streaming response body kept for parsing
 	// usage. Zero means 4 MiB. A larger body is forwarded, not parsed.
 	MaxParseBytes int
@@ -63,8 +67,13 @@ type Options struct {
 	Timeout time.Duration
 	// BodyReadTimeout cuts a client whose request body sends nothing for
 	// that long (408, recorded as an http_4xx error); it never applies
-	// once the body is read. Zero means no bound.
+	// once the body is read. Zero means no bound, and no BodyMinRate.
 	BodyReadTimeout time.Duration
+	// BodyMinRate, bytes per second, cuts a client whose request body
+	// falls behind it after its first BodyReadTimeout (408, as an idle
+	// body; idleBody): a body trickled a byte at a time, which the idle
+	// bound alone never cuts. Zero means no minimum rate.
+	BodyMinRate int64
 	// Traffic labels the records and metrics. Empty means "live".
 	Traffic string
 	// Probe names the canary probe this proxy carries; "" for live traffic.
@@ -356,7 +365,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 	info := requestInfo{API: api}
 	var idle *idleBody
 	if p.opts.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-		idle = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), d: p.opts.BodyReadTimeout}
+		idle = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), d: p.opts.BodyReadTimeout, rate: p.opts.BodyMinRate}
 		r.Body = idle
 	}
 	var (
@@ -364,7 +373,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		rewritten *splicedBody
 	)
 	if api != record.APIOther {
-		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength, p.opts.Structure != nil)
+		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength, p.opts.Structure != nil, p.opts.PeekBudget)
 		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
@@ -488,6 +497,7 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 func (p *Proxy) end(st *reqState) {
 	onOwnStack(func() {
 		captured := p.finish(st)
+		p.opts.PeekBudget.give(st.info.held)
 		st.cut(nil)
 		if st.switchTimer != nil {
 			st.switchTimer.Stop()
