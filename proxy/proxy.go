@@ -392,9 +392,11 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 			}
 		}
 	}
+	// Room for the token events, from the client's max_tokens: a claim,
+	// bounded before any arithmetic (max_tokens+1 overflowed at 2^63-1).
 	hint := 64
 	if info.MaxTokens > 0 {
-		hint = int(min(info.MaxTokens+1, 8192))
+		hint = int(min(info.MaxTokens, record.MaxHint-1)) + 1
 	}
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic

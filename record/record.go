@@ -311,8 +311,15 @@ func (r *Record) Reset() {
 	r.EventChoice = r.EventChoice[:0] // its room kept; Choices nil again (one choice)
 }
 
-// New returns a reset record with room for hint token events.
+// MaxHint bounds the room New makes for token events: a request's
+// max_tokens is a claim, not bytes received, so a record never reserves
+// more than this for it (more events grow the slices as they come).
+const MaxHint = 8192
+
+// New returns a reset record with room for hint token events, hint
+// clamped to [0, MaxHint].
 func New(hint int) *Record {
+	hint = min(max(hint, 0), MaxHint)
 	r := &Record{TokenAt: make([]time.Duration, 0, hint), TokensPerEvent: make([]int32, 0, hint)}
 	r.Reset()
 	return r
