@@ -324,6 +324,16 @@ func (q *Request) UsageInjected() { q.live.UsageInjected() }
 // TapFailed counts a fail-open fallback.
 func (q *Request) TapFailed(reason string) { q.live.TapFailed(reason) }
 
+// InternalError counts a panic the sidecar recovered from while serving
+// a request (where: proxy.InternalRequest or proxy.InternalEnd), on the
+// live observer when it counts them (exporter.Metrics); there may be no
+// Request to count it on (a panic before one began).
+func (p *Pipeline) InternalError(where string) {
+	if c, ok := p.o.Live.(interface{ InternalError(where string) }); ok {
+		c.InternalError(where)
+	}
+}
+
 // ResponseModel names the model of a request that named none, from its
 // response (the proxy's, when the request's body was not read whole):
 // its model label, live and at the end, is that name from then on. Once

@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strings"
@@ -102,5 +105,156 @@ func TestHugeMaxTokensForwardedAnsweredRecorded(t *testing.T) {
 	}
 	if n < 9 {
 		t.Fatalf("%d token-limit names tried", n)
+	}
+}
+
+// panicTransport is an upstream whose RoundTrip panics (before any
+// status is written to the client), or, with body set, whose response
+// body gives body and then panics (after the status and those bytes were
+// forwarded).
+type panicTransport struct{ body string }
+
+func (pt panicTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if pt.body == "" {
+		panic("transport bug")
+	}
+	return &http.Response{StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Request: r, ContentLength: -1,
+		Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: &panicBody{rest: pt.body}}, nil
+}
+
+type panicBody struct{ rest string }
+
+func (b *panicBody) Read(p []byte) (int, error) {
+	if b.rest == "" {
+		panic("body bug")
+	}
+	n := copy(p, b.rest)
+	b.rest = b.rest[n:]
+	return n, nil
+}
+
+func (*panicBody) Close() error { return nil }
+
+// panicTenants is a tenant resolver that panics: in prepare, before the
+// request's record has begun.
+type panicTenants struct{}
+
+func (panicTenants) Identify(*http.Request, string) string { panic("tenant bug") }
+
+// errorLogs keeps the messages and where of the error-level records.
+type errorLogs struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *errorLogs) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
+func (l *errorLogs) Handle(_ context.Context, r slog.Record) error {
+	where := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "where" {
+			where = a.Value.String()
+		}
+		return true
+	})
+	l.mu.Lock()
+	l.msgs = append(l.msgs, r.Message+" where="+where)
+	l.mu.Unlock()
+	return nil
+}
+func (l *errorLogs) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *errorLogs) WithGroup(string) slog.Handler      { return l }
+
+// A handler that panics answers 502 when no status was written, cuts
+// the connection when one was, logs the panic at error, counts it in
+// tokentap_internal_errors_total{where="request"}, and still writes the
+// request's record, error type internal (issue 40, item 1). The panics
+// are real components': the tenant resolver (in prepare, before the
+// record began), the transport (forwarding, before the status), the
+// upstream's body (after the status and the first event).
+func TestHandlerPanicAnswers502RecordsAndCounts(t *testing.T) {
+	const event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n"
+	cases := []struct {
+		name   string
+		opts   Options
+		status int // the client's, and the record's
+		answer string
+		cut    bool // the connection was cut after the status
+		events int
+	}{
+		{"tenant resolver", Options{Tenants: panicTenants{}}, http.StatusBadGateway, `{"error":{"message":"tokentap: internal error","type":"tokentap_internal","code":502}}` + "\n", false, 0},
+		{"transport", Options{Transport: panicTransport{}}, http.StatusBadGateway, `{"error":{"message":"tokentap: internal error","type":"tokentap_internal","code":502}}` + "\n", false, 0},
+		{"response body", Options{Transport: panicTransport{body: event}}, http.StatusOK, event, true, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var logs errorLogs
+			c.opts.Logger = slog.New(&logs)
+			fs, sink, m := judged(t, http.NotFoundHandler(), c.opts)
+			resp, err := http.Post(fs.URL+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if cut := errors.Is(err, io.ErrUnexpectedEOF); cut != c.cut || (!c.cut && err != nil) {
+				t.Errorf("read: %v, want cut %v", err, c.cut)
+			}
+			if resp.StatusCode != c.status || string(b) != c.answer {
+				t.Errorf("answer %d %q, want %d %q", resp.StatusCode, b, c.status, c.answer)
+			}
+			rec := only(t, sink)
+			if rec.Outcome != record.Error || rec.ErrorType != record.ErrInternal || rec.HTTPStatus != c.status || rec.TokenEvents() != c.events || rec.Terminal.IsZero() {
+				t.Errorf("record: %s %s status %d, %d events, terminal %v", rec.Outcome, rec.ErrorType, rec.HTTPStatus, rec.TokenEvents(), rec.Terminal)
+			}
+			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 1 {
+				t.Errorf("internal errors (request) %v, want 1", n)
+			}
+			if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Error)); n != 1 {
+				t.Errorf("requests (error) %v, want 1", n)
+			}
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			if len(logs.msgs) != 1 || logs.msgs[0] != "request panicked where=request" {
+				t.Errorf("error logs %q", logs.msgs)
+			}
+		})
+	}
+}
+
+// A panic in an end stage (here the canary's check, the first), run on
+// its own goroutine after the answer (Options.Ends, as the sidecar runs
+// them), leaves the answer whole; it is logged at error and counted in
+// tokentap_internal_errors_total{where="end"}. The stages after it do not
+// run: that request's record is lost, and the count says so.
+func TestEndStagePanicIsCounted(t *testing.T) {
+	var (
+		logs errorLogs
+		ends Ends
+	)
+	fs, sink, m := judged(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
+		Options{Ends: &ends, Logger: slog.New(&logs), Check: func(*record.Record) { panic("check bug") }})
+	resp, body := do(t, fs, "/v1/chat/completions", streamBody)
+	if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("answer %d %q", resp.StatusCode, body)
+	}
+	fs.Close() // the handler has returned: its end stages were started
+	if err := ends.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
+		t.Errorf("internal errors (end) %v, want 1", n)
+	}
+	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 0 {
+		t.Errorf("internal errors (request) %v, want 0", n)
+	}
+	sink.mu.Lock()
+	if len(sink.recs) != 0 {
+		t.Errorf("%d records past the panicking stage", len(sink.recs))
+	}
+	sink.mu.Unlock()
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if len(logs.msgs) != 1 || logs.msgs[0] != "end of request panicked where=end" {
+		t.Errorf("error logs %q", logs.msgs)
 	}
 }

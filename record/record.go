@@ -42,6 +42,7 @@ const (
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
 	ErrUpstreamTLS     = "upstream_tls" // the upstream's certificate failed verification, or its TLS handshake failed (egress)
+	ErrInternal        = "internal"     // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
 )
 
 // API names the request's route, a bounded label.
