@@ -515,15 +515,21 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			// A body that went idle past the bound also ends the request's
 			// context (net/http cancels it on any read error): answer 408.
-			if r.Context().Err() == nil || idle.TimedOut() {
-				status := http.StatusBadRequest
-				if idle.TimedOut() {
-					status = http.StatusRequestTimeout
-				}
-				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, status
-				st.answered = true
-				http.Error(w, "tokentap: reading request body: "+err.Error(), status)
+			// A client that went away (or shut its side) mid-body is
+			// cancelled, and answered 502 as a ReverseProxy answers a
+			// body it could not forward: never net/http's empty 200.
+			status := http.StatusBadGateway
+			switch {
+			case idle.TimedOut():
+				status = http.StatusRequestTimeout
+			case r.Context().Err() == nil:
+				status = http.StatusBadRequest
 			}
+			if status != http.StatusBadGateway {
+				rec.Outcome, rec.ErrorType = record.Error, record.ErrHTTP4xx
+			}
+			rec.HTTPStatus, st.answered = status, true
+			http.Error(w, "tokentap: reading request body: "+err.Error(), status)
 			st.obs, st.finished, st.staged = q, true, true
 			p.endStages(q, rec, nil)
 			return pipeline.Start{}, false
@@ -746,7 +752,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	case st != nil && st.body.TimedOut():
 		status, etype = http.StatusRequestTimeout, record.ErrHTTP4xx
 	case st != nil && st.clientCtx.Err() != nil:
-		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
+		// The client went away, or shut its write side (SHUT_WR: net/http
+		// cannot tell them apart and cancels the request), before the
+		// upstream answered: cancelled, and answered 502 as a ReverseProxy
+		// answers, never with net/http's empty 200 (docs/measurement.md §3).
+		status, etype, outcome = http.StatusBadGateway, record.ErrCancelled, record.Cancelled
 	case errors.Is(err, context.DeadlineExceeded):
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
