@@ -37,7 +37,11 @@ import (
 
 // Defaults of Options' zero fields.
 const (
-	DefaultBlockTokens   = 512
+	DefaultBlockTokens = 512
+	// MaxInputLength bounds the prompt length, in tokens, an engine's
+	// usage is believed for (2^24: above every context window); a larger
+	// count is replaced by the capture's estimate from the prompt's bytes.
+	MaxInputLength       = 1 << 24
 	DefaultBytesPerToken = 4.0
 	DefaultQueue         = 4096
 	DefaultHold          = 16384
@@ -378,8 +382,11 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 		nonce = make([]byte, 16)
 		rand.Read(nonce)
 	}
+	// The engine's count is a claim that sizes the line (one id per
+	// block): past MaxInputLength it is not believed, as if it gave none
+	// (10^15 asked for terabytes and crashed the sidecar).
 	in, inFrom := rec.InputTokens, "engine"
-	if in < 0 {
+	if in < 0 || in > MaxInputLength {
 		in, inFrom = 0, "none"
 		if found > 0 && !e.req.Partial {
 			in, inFrom = int64(math.Ceil(float64(bytes)/c.o.BytesPerToken)), "estimate"
