@@ -35,13 +35,14 @@ import (
 	"github.com/tokentap/tokentap/workload"
 )
 
+// MaxInputLength bounds the prompt length, in tokens, an engine's usage
+// is believed for (2^24: above every context window); a larger count is
+// replaced by the capture's estimate from the prompt's bytes.
+const MaxInputLength = 1 << 24
+
 // Defaults of Options' zero fields.
 const (
-	DefaultBlockTokens = 512
-	// MaxInputLength bounds the prompt length, in tokens, an engine's
-	// usage is believed for (2^24: above every context window); a larger
-	// count is replaced by the capture's estimate from the prompt's bytes.
-	MaxInputLength       = 1 << 24
+	DefaultBlockTokens   = 512
 	DefaultBytesPerToken = 4.0
 	DefaultQueue         = 4096
 	DefaultHold          = 16384

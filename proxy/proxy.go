@@ -424,7 +424,7 @@ func (p *Proxy) endAfter(r *http.Request, st *reqState) {
 // stageUnended settles the record of a request that panicked before its
 // end stages had it, and hands it to them: the record made so far, or a
 // new one when prepare had made none; the pipeline's request begun now
-// when it had not been (a stage's Begin that panicks again leaves the
+// when it had not been (a stage's Begin that panics again leaves the
 // record to the sinks alone).
 func (p *Proxy) stageUnended(r *http.Request, st *reqState) {
 	rec := st.rec
