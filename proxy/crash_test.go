@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -223,38 +224,49 @@ func TestHandlerPanicAnswers502RecordsAndCounts(t *testing.T) {
 
 // A panic in an end stage (here the canary's check, the first), run on
 // its own goroutine after the answer (Options.Ends, as the sidecar runs
-// them), leaves the answer whole; it is logged at error and counted in
-// tokentap_internal_errors_total{where="end"}. The stages after it do not
-// run: that request's record is lost, and the count says so.
+// them), leaves the answer whole; the later stages still run, so the
+// record is written, as it was settled; the panic is logged at error and
+// counted in tokentap_internal_errors_total{where="end"}.
 func TestEndStagePanicIsCounted(t *testing.T) {
-	var (
-		logs errorLogs
-		ends Ends
-	)
-	fs, sink, m := judged(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
-		Options{Ends: &ends, Logger: slog.New(&logs), Check: func(*record.Record) { panic("check bug") }})
-	resp, body := do(t, fs, "/v1/chat/completions", streamBody)
-	if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
-		t.Fatalf("answer %d %q", resp.StatusCode, body)
-	}
-	fs.Close() // the handler has returned: its end stages were started
-	if err := ends.Wait(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
-		t.Errorf("internal errors (end) %v, want 1", n)
-	}
-	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 0 {
-		t.Errorf("internal errors (request) %v, want 0", n)
-	}
-	sink.mu.Lock()
-	if len(sink.recs) != 0 {
-		t.Errorf("%d records past the panicking stage", len(sink.recs))
-	}
-	sink.mu.Unlock()
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	if len(logs.msgs) != 1 || logs.msgs[0] != "end of request panicked where=end" {
-		t.Errorf("error logs %q", logs.msgs)
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("own goroutine %v", own), func(t *testing.T) {
+			var (
+				logs errorLogs
+				ends *Ends
+			)
+			msg := "request panicked where=end" // Ends nil: the stages run in the handler (the canary's)
+			if own {
+				ends, msg = &Ends{}, "end of request panicked where=end"
+			}
+			fs, sink, m := judged(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
+				Options{Ends: ends, Logger: slog.New(&logs), Check: func(*record.Record) { panic("check bug") }})
+			resp, body := do(t, fs, "/v1/chat/completions", streamBody)
+			if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+				t.Fatalf("answer %d %q", resp.StatusCode, body)
+			}
+			fs.Close() // the handler has returned: its end stages were started
+			if ends != nil {
+				if err := ends.Wait(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
+				t.Errorf("internal errors (end) %v, want 1", n)
+			}
+			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 0 {
+				t.Errorf("internal errors (request) %v, want 0", n)
+			}
+			if rec := only(t, sink); rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK {
+				t.Errorf("record %s %s %d, want success 200", rec.Outcome, rec.ErrorType, rec.HTTPStatus)
+			}
+			if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Success)); n != 1 {
+				t.Errorf("successful requests %v, want 1: the metrics stage ran after the panicking one", n)
+			}
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			if len(logs.msgs) != 1 || logs.msgs[0] != msg {
+				t.Errorf("error logs %q, want %q", logs.msgs, msg)
+			}
+		})
 	}
 }

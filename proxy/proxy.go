@@ -384,13 +384,11 @@ func caught(fn func()) (v any) {
 // ReverseProxy answers an upstream failure. It reports whether a status
 // had been written already: the connection must then be cut.
 func (p *Proxy) internalError(w http.ResponseWriter, st *reqState, v any, where string) (abort bool) {
-	id, stack := "", debug.Stack()
+	id := ""
 	if st.rec != nil {
 		id = st.rec.ID
 	}
-	if o, ok := v.(*panicked); ok {
-		v, stack = o.v, o.stack
-	}
+	v, stack := panicOf(v)
 	p.log.Error("request panicked", "id", id, "where", where, "panic", v, "stack", string(stack))
 	p.opts.Pipeline.InternalError(where)
 	st.internal = true
@@ -474,6 +472,24 @@ func onOwnStack(fn func()) {
 	if caught != nil {
 		panic(caught)
 	}
+}
+
+// panicOf returns a recovered panic's value and the stack it was raised
+// on: a panic carried across goroutines (onOwnStack) or raised again by
+// the end stages once the record went through them (pipeline.StagePanic)
+// keeps its own; for any other, the stack is taken here.
+func panicOf(v any) (any, []byte) {
+	var stack []byte
+	if o, ok := v.(*panicked); ok {
+		v, stack = o.v, o.stack
+	}
+	if s, ok := v.(pipeline.StagePanic); ok {
+		v, stack = s.Value, s.Stack
+	}
+	if stack == nil {
+		stack = debug.Stack()
+	}
+	return v, stack
 }
 
 // panicked is a panic raised on another goroutine (onOwnStack): its
@@ -661,7 +677,8 @@ func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []by
 		defer e.done()
 		defer func() {
 			if v := recover(); v != nil {
-				p.log.Error("end of request panicked", "id", rec.ID, "where", InternalEnd, "panic", v, "stack", string(debug.Stack()))
+				v, stack := panicOf(v)
+				p.log.Error("end of request panicked", "id", rec.ID, "where", InternalEnd, "panic", v, "stack", string(stack))
 				p.opts.Pipeline.InternalError(InternalEnd)
 			}
 		}()
