@@ -35,11 +35,6 @@ import (
 	"github.com/tokentap/tokentap/workload"
 )
 
-// MaxInputLength bounds the prompt length, in tokens, an engine's usage
-// is believed for (2^24: above every context window); a larger count is
-// replaced by the capture's estimate from the prompt's bytes.
-const MaxInputLength = 1 << 24
-
 // Defaults of Options' zero fields.
 const (
 	DefaultBlockTokens   = 512
@@ -384,10 +379,11 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 		rand.Read(nonce)
 	}
 	// The engine's count is a claim that sizes the line (one id per
-	// block): past MaxInputLength it is not believed, as if it gave none
-	// (10^15 asked for terabytes and crashed the sidecar).
+	// block): past workload.MaxInputLength, the most a replay reads, it
+	// is not believed, as if it gave none (10^15 asked for terabytes and
+	// crashed the sidecar).
 	in, inFrom := rec.InputTokens, "engine"
-	if in < 0 || in > MaxInputLength {
+	if in < 0 || in > workload.MaxInputLength {
 		in, inFrom = 0, "none"
 		if found > 0 && !e.req.Partial {
 			in, inFrom = int64(math.Ceil(float64(bytes)/c.o.BytesPerToken)), "estimate"

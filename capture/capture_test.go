@@ -334,7 +334,8 @@ func TestLengthsFrom(t *testing.T) {
 	})
 }
 
-// An engine's prompt_tokens past MaxInputLength (10^15, 2^63-1) sizes
+// An engine's prompt_tokens past workload.MaxInputLength (the most a
+// replay reads; 10^15, 2^63-1) sizes
 // no line: it is not believed, and the estimate from the prompt's bytes
 // is written, as when the engine gave none (one id per 512 tokens of
 // 10^15 asked for terabytes; 2^63-1 overflowed into a panic).
@@ -342,7 +343,7 @@ func TestClaimedInputLengthBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, path := open(t, Options{})
 		t0 := time.Now()
-		for i, claim := range []int64{MaxInputLength + 1, 1e15, math.MaxInt64} {
+		for i, claim := range []int64{workload.MaxInputLength + 1, 1e15, math.MaxInt64} {
 			at := t0.Add(time.Duration(i) * time.Millisecond)
 			c.Track(Request{Arrive: at, API: record.APIChat, Body: []byte(body)}).End(rec(at, claim, 7), "m")
 		}
