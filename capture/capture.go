@@ -391,7 +391,7 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 	}
 	out, outFrom := rec.OutputTokens, "estimate"
 	switch {
-	case out < 0:
+	case out < 0 || out > math.MaxInt32: // more is no count a replay reads
 		out, outFrom = 0, "none"
 	case rec.TokenSource == "usage":
 		outFrom = "engine"

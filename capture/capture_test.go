@@ -361,6 +361,23 @@ func TestClaimedInputLengthBounded(t *testing.T) {
 	})
 }
 
+// An engine's completion_tokens past what a replay reads (2^31-1) is
+// not written as the output length: none is.
+func TestClaimedOutputLengthBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, path := open(t, Options{})
+		t0 := time.Now()
+		r := rec(t0, 12, math.MaxInt32+1)
+		r.TokenSource = "usage"
+		c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)}).End(r, "m")
+		c.Close(context.Background())
+		got := read(t, path)
+		if len(got) != 1 || got[0].OutputLength != 0 || got[0].Tokentap.OutputLengthFrom != "none" || got[0].InputLength != 12 {
+			t.Errorf("%+v, want output_length 0 from none", got)
+		}
+	})
+}
+
 // Only the Mooncake keys with NoMeta; the pass-through APIs are not
 // captured.
 func TestNoMetaAndPassThrough(t *testing.T) {
