@@ -378,8 +378,12 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 		nonce = make([]byte, 16)
 		rand.Read(nonce)
 	}
+	// The engine's count is a claim that sizes the line (one id per
+	// block): past workload.MaxInputLength, the most a replay reads, it
+	// is not believed, as if it gave none (10^15 asked for terabytes and
+	// crashed the sidecar).
 	in, inFrom := rec.InputTokens, "engine"
-	if in < 0 {
+	if in < 0 || in > workload.MaxInputLength {
 		in, inFrom = 0, "none"
 		if found > 0 && !e.req.Partial {
 			in, inFrom = int64(math.Ceil(float64(bytes)/c.o.BytesPerToken)), "estimate"
@@ -387,7 +391,7 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 	}
 	out, outFrom := rec.OutputTokens, "estimate"
 	switch {
-	case out < 0:
+	case out < 0 || out > math.MaxInt32: // more is no count a replay reads
 		out, outFrom = 0, "none"
 	case rec.TokenSource == "usage":
 		outFrom = "engine"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -329,6 +330,50 @@ func TestLengthsFrom(t *testing.T) {
 		}
 		if m := got[1].Tokentap; got[1].InputLength != 0 || m.InputLengthFrom != "none" || m.OutputLengthFrom != "none" || m.HashIDsFrom != "partial" {
 			t.Errorf("none: %+v %+v", got[1], m)
+		}
+	})
+}
+
+// An engine's prompt_tokens past workload.MaxInputLength (the most a
+// replay reads; 10^15, 2^63-1) sizes
+// no line: it is not believed, and the estimate from the prompt's bytes
+// is written, as when the engine gave none (one id per 512 tokens of
+// 10^15 asked for terabytes; 2^63-1 overflowed into a panic).
+func TestClaimedInputLengthBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, path := open(t, Options{})
+		t0 := time.Now()
+		for i, claim := range []int64{workload.MaxInputLength + 1, 1e15, math.MaxInt64} {
+			at := t0.Add(time.Duration(i) * time.Millisecond)
+			c.Track(Request{Arrive: at, API: record.APIChat, Body: []byte(body)}).End(rec(at, claim, 7), "m")
+		}
+		c.Close(context.Background())
+		got := read(t, path)
+		canon, _ := feed(body, stream.APIChat.Request.Prompt)
+		if len(got) != 3 {
+			t.Fatalf("%d lines, want 3", len(got))
+		}
+		for _, l := range got {
+			if l.InputLength != int64((len(canon)+3)/4) || l.Tokentap.InputLengthFrom != "estimate" || len(l.HashIDs) != 1 {
+				t.Errorf("%+v %+v, want the estimate", l, l.Tokentap)
+			}
+		}
+	})
+}
+
+// An engine's completion_tokens past what a replay reads (2^31-1) is
+// not written as the output length: none is.
+func TestClaimedOutputLengthBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, path := open(t, Options{})
+		t0 := time.Now()
+		r := rec(t0, 12, math.MaxInt32+1)
+		r.TokenSource = "usage"
+		c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)}).End(r, "m")
+		c.Close(context.Background())
+		got := read(t, path)
+		if len(got) != 1 || got[0].OutputLength != 0 || got[0].Tokentap.OutputLengthFrom != "none" || got[0].InputLength != 12 {
+			t.Errorf("%+v, want output_length 0 from none", got)
 		}
 	})
 }

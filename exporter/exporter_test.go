@@ -101,3 +101,19 @@ func TestOTelMetricsSemconv(t *testing.T) {
 		t.Errorf("ITL observations %d, want 2 gaps", itl.DataPoints[0].Count)
 	}
 }
+
+// tokentap_internal_errors_total has both of its series from the start
+// (0, so that a rule sees 0 rather than no data) and counts each where
+// on its own (issue 40, item 1).
+func TestInternalErrorsCounted(t *testing.T) {
+	m := New(Config{})
+	m.InternalError("request")
+	m.InternalError("request")
+	rr := httptest.NewRecorder()
+	promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}).ServeHTTP(rr, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range []string{`tokentap_internal_errors_total{where="request"} 2`, `tokentap_internal_errors_total{where="end"} 0`} {
+		if !strings.Contains(rr.Body.String(), line+"\n") {
+			t.Errorf("no %s in the scrape", line)
+		}
+	}
+}

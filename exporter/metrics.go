@@ -58,6 +58,7 @@ type Metrics struct {
 	forward       prometheus.Histogram
 	inFlight      *prometheus.GaugeVec
 	tapFailures   *prometheus.CounterVec
+	internal      *prometheus.CounterVec
 	usageInjected prometheus.Counter
 	malformed     *prometheus.CounterVec
 	upstreamUp    prometheus.Gauge
@@ -108,6 +109,10 @@ func New(cfg Config) *Metrics {
 		Name: "tokentap_tap_failures_total",
 		Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason; event_too_large counts each event over the tap's bound, forwarded unread, the rest of the response measured.",
 	}, []string{"reason"})
+	m.internal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tokentap_internal_errors_total",
+		Help: "Panics the sidecar recovered from while serving a request, by where: request (preparing, forwarding or answering it: the client got a 502, or its connection was cut when a status was already written, and its record says error_type internal) or end (settling its record or running its end stages).",
+	}, []string{"where"})
 	m.usageInjected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tokentap_usage_injected_total",
 		Help: "Streaming requests for which the sidecar asked the engine for usage (stream_options.include_usage) and removed the extra usage event from the client's stream.",
@@ -120,10 +125,13 @@ func New(cfg Config) *Metrics {
 		Name: "tokentap_upstream_up",
 		Help: "1 if the last readiness check of the upstream succeeded, else 0.",
 	})
-	m.Registry.MustRegister(m.forward, m.inFlight, m.tapFailures, m.usageInjected, m.malformed, m.upstreamUp,
+	m.Registry.MustRegister(m.forward, m.inFlight, m.tapFailures, m.internal, m.usageInjected, m.malformed, m.upstreamUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{"panic", "event_too_large", "content_encoding", "strip_overflow", "single_lf_framing"} {
 		m.tapFailures.WithLabelValues(r)
+	}
+	for _, w := range []string{"request", "end"} { // proxy.InternalRequest, proxy.InternalEnd
+		m.internal.WithLabelValues(w)
 	}
 	for _, s := range cfg.SLOs {
 		for _, i := range []Instrument{SLOOffered, SLOQualified, SLOQualifiedTokens} {
@@ -142,6 +150,10 @@ func New(cfg Config) *Metrics {
 	}
 	return m
 }
+
+// InternalError counts a panic recovered while serving a request
+// (pipeline.Pipeline.InternalError).
+func (m *Metrics) InternalError(where string) { m.internal.WithLabelValues(where).Inc() }
 
 // SetUpstreamUp records the result of a readiness check.
 func (m *Metrics) SetUpstreamUp(up bool) {

@@ -19,7 +19,9 @@
 // proxy.Options.Ends, else the request's handler), and so do 5-7 with
 // energy off. With energy on, 5-7 run when the sampler has attributed the
 // interval the request ended in, off the sampler's own goroutine (see
-// gpu.Sampler.Run). Nothing writes the record after stage 4.
+// gpu.Sampler.Run). Nothing writes the record after stage 4. A stage
+// that panics keeps the record from none of the later ones; End raises
+// its panic (StagePanic) once they ran.
 //
 // Each stage is an interface declared here, with record types alone in
 // its methods: the pipeline, and the proxy above it, compile without
@@ -32,6 +34,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"runtime/debug"
 	"time"
 
 	"github.com/tokentap/tokentap/record"
@@ -324,6 +327,16 @@ func (q *Request) UsageInjected() { q.live.UsageInjected() }
 // TapFailed counts a fail-open fallback.
 func (q *Request) TapFailed(reason string) { q.live.TapFailed(reason) }
 
+// InternalError counts a panic the sidecar recovered from while serving
+// a request (where: proxy.InternalRequest or proxy.InternalEnd), on the
+// live observer when it counts them (exporter.Metrics); there may be no
+// Request to count it on (a panic before one began).
+func (p *Pipeline) InternalError(where string) {
+	if c, ok := p.o.Live.(interface{ InternalError(where string) }); ok {
+		c.InternalError(where)
+	}
+}
+
 // ResponseModel names the model of a request that named none, from its
 // response (the proxy's, when the request's body was not read whole):
 // its model label, live and at the end, is that name from then on. Once
@@ -356,57 +369,103 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	}
 	q.ended = true
 	p := q.p
+	var st stages
+	defer st.raise()
 	// 1. The request is over for the live observers; its model label is
 	// decided (a name the engine served may take a slot); the load it
 	// ran under is known.
-	q.live.Done()
-	if q.load != nil {
-		rec.Load, rec.LoadBucket = q.load.End()
-	}
-	if p.o.Models != nil {
-		if served(rec) {
-			q.key.Model = p.o.Models.Admit(q.model)
-		} else {
-			q.key.Model = p.o.Models.Label(q.model)
+	st.run(func() {
+		q.live.Done()
+		if q.load != nil {
+			rec.Load, rec.LoadBucket = q.load.End()
 		}
-	}
-	if p.o.Tenants != nil && rec.Tenant != "" {
-		if served(rec) {
-			rec.Tenant = p.o.Tenants.Admit(rec.Tenant)
-		} else {
-			rec.Tenant = p.o.Tenants.Label(rec.Tenant)
+		if p.o.Models != nil {
+			if served(rec) {
+				q.key.Model = p.o.Models.Admit(q.model)
+			} else {
+				q.key.Model = p.o.Models.Label(q.model)
+			}
 		}
-	}
+		if p.o.Tenants != nil && rec.Tenant != "" {
+			if served(rec) {
+				rec.Tenant = p.o.Tenants.Admit(rec.Tenant)
+			} else {
+				rec.Tenant = p.o.Tenants.Label(rec.Tenant)
+			}
+		}
+	})
 	// 2. A canary probe checks its answer and says so in the record.
 	if q.check != nil {
-		q.check(rec)
+		st.run(func() { q.check(rec) })
 	}
 	// 3. The SLO verdict: classes, stalls, one verdict per SLO in scope.
 	if p.o.Judge != nil {
-		p.o.Judge.Apply(rec)
+		st.run(func() { p.o.Judge.Apply(rec) })
 	}
 	// The engine's signals: its preemptions while the request ran, and
 	// what coincided with the stalls the verdict counted.
 	if p.o.Engine != nil {
-		var th time.Duration
-		if p.o.Judge != nil {
-			th = p.o.Judge.StallThreshold()
-		}
-		rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
+		st.run(func() {
+			var th time.Duration
+			if p.o.Judge != nil {
+				th = p.o.Judge.StallThreshold()
+			}
+			rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
+		})
 	}
 	// The workload capture: the request's trace line (its prompt hashed
 	// now, off the token path).
 	if q.cap != nil {
-		q.cap.End(rec, q.key.Model)
+		st.run(func() { q.cap.End(rec, q.key.Model) })
 		q.cap = nil
 	}
 	// 4. Energy: held until the interval the request ended in is
-	// attributed; the rest continues then, on the sampler's publisher.
+	// attributed; the rest continues then, on the sampler's publisher,
+	// where a stage's panic is counted (InternalError) but raised to no
+	// one.
 	if q.energy != nil {
-		q.energy.Hold(rec, func() { q.publish(rec, captured) })
+		st.run(func() {
+			q.energy.Hold(rec, func() {
+				var later stages
+				q.publish(rec, captured, &later)
+				if later.first != nil {
+					p.InternalError("end")
+				}
+			})
+		})
 		return
 	}
-	q.publish(rec, captured)
+	q.publish(rec, captured, &st)
+}
+
+// stages runs the end stages one by one: a stage that panics does not
+// keep the record from the later ones, the sinks above all. The first
+// panic is kept and raised again, as a StagePanic, once every stage has
+// run (raise), for the caller to log and count (the proxy:
+// tokentap_internal_errors_total{where="end"}).
+type stages struct{ first any }
+
+// StagePanic is the panic End raises when one of its stages panicked,
+// after the record went through the others: the stage's panic value and
+// the stack it was raised on.
+type StagePanic struct {
+	Value any
+	Stack []byte
+}
+
+func (s *stages) run(fn func()) {
+	defer func() {
+		if v := recover(); v != nil && s.first == nil {
+			s.first = StagePanic{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	fn()
+}
+
+func (s *stages) raise() {
+	if s.first != nil {
+		panic(s.first)
+	}
 }
 
 // served reports whether the engine served the request's model: a 2xx
@@ -425,25 +484,29 @@ func (p *Pipeline) Record(rec *record.Record) {
 
 // publish runs stages 5 to 7; the record is complete and no longer
 // written.
-func (q *Request) publish(rec *record.Record, captured []byte) {
+func (q *Request) publish(rec *record.Record, captured []byte, st *stages) {
 	p := q.p
 	// 5. The spans end at the record's terminal instant, with its numbers.
 	if q.spans != nil {
-		q.spans.End(rec, captured)
+		st.run(func() { q.spans.End(rec, captured) })
 	}
 	// 6. The metric backends, through the one mapping.
-	if p.o.Prometheus != nil {
-		p.o.Prometheus.Publish(rec, q.key)
+	st.run(func() {
+		if p.o.Prometheus != nil {
+			p.o.Prometheus.Publish(rec, q.key)
+		}
+		if p.o.OTLP != nil {
+			p.o.OTLP.Publish(rec, q.key)
+		}
+		if p.o.Book != nil {
+			p.o.Book.Add(rec)
+		}
+		if p.o.Scorecard != nil {
+			p.o.Scorecard.Add(rec)
+		}
+	})
+	// 7. The record sinks, last, each on its own.
+	for _, s := range p.o.Sinks {
+		st.run(func() { s.Write(rec) })
 	}
-	if p.o.OTLP != nil {
-		p.o.OTLP.Publish(rec, q.key)
-	}
-	if p.o.Book != nil {
-		p.o.Book.Add(rec)
-	}
-	if p.o.Scorecard != nil {
-		p.o.Scorecard.Add(rec)
-	}
-	// 7. The record sinks, last.
-	p.Record(rec)
 }

@@ -207,3 +207,32 @@ func TestNilPointerStagesAreOff(t *testing.T) {
 		t.Fatalf("%d records, capturing %v, verdicts %v, energy %q, trace %q", len(got), p.Capturing(), rec.SLO, rec.EnergySource, rec.TraceID)
 	}
 }
+
+// A stage that panics (here the check, and the first of two sinks) does
+// not keep the record from the later ones: the second sink still gets
+// it, and End raises the first panic, with its stack, once every stage
+// has run, for the proxy to log and count (issue 40, item 1).
+func TestPanickingStageSparesTheLaterOnes(t *testing.T) {
+	var got []*record.Record
+	p := pipeline.New(pipeline.Options{Sinks: []record.Sink{
+		sinkFunc(func(*record.Record) { panic("sink bug") }),
+		sinkFunc(func(r *record.Record) { got = append(got, r) }),
+	}})
+	rec := record.New(0)
+	rec.Arrive, rec.API, rec.Traffic = time.Now(), record.APIChat, "live"
+	_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: "live"}, PromptTokens: -1,
+		Check: func(*record.Record) { panic("check bug") }})
+	rec.HTTPStatus, rec.Outcome, rec.Terminal = 200, record.Success, time.Now()
+	var raised any
+	func() {
+		defer func() { raised = recover() }()
+		q.End(rec, nil)
+	}()
+	sp, ok := raised.(pipeline.StagePanic)
+	if !ok || sp.Value != "check bug" || !strings.Contains(string(sp.Stack), "TestPanickingStageSparesTheLaterOnes") {
+		t.Errorf("End raised %v, want the check's panic with its stack", raised)
+	}
+	if len(got) != 1 || got[0] != rec {
+		t.Errorf("%d records reached the second sink, want 1", len(got))
+	}
+}

@@ -42,7 +42,9 @@ type choiceScratch struct {
 func (t *tap) choice(index int64) bool {
 	ch := &t.ch
 	switch {
-	case !ch.seen:
+	case index == stream.IndexOutOfRange:
+		return t.unreadChoice()
+	case !ch.seen && !ch.split:
 		ch.seen, ch.first = true, index
 		return false
 	case !ch.split && index == ch.first:
@@ -56,6 +58,35 @@ func (t *tap) choice(index int64) bool {
 		ch.slot = uint8(slot)
 		return true
 	}
+	t.untrack(index)
+	return true
+}
+
+// unreadChoice selects the choice of a payload whose index the parser
+// did not read (stream.IndexOutOfRange; 10^18 was read as 0 and pooled
+// with choice 0): it names no choice the tap can tell from another, so
+// it is untracked, never pooled with a named choice, and counted
+// (record.Record.ChoiceIndexUnread). The record follows choices one by
+// one from then on, as after a second index.
+func (t *tap) unreadChoice() bool {
+	ch, rec := &t.ch, t.st.rec
+	rec.ChoiceIndexUnread++
+	if !ch.split {
+		ch.split = true
+		if ch.seen {
+			rec.SplitChoices(ch.first)
+		} else {
+			rec.FollowChoices()
+		}
+	}
+	t.untrack(stream.IndexOutOfRange)
+	return true
+}
+
+// untrack makes the payload's choice, index, an untracked one: beyond
+// record.MaxChoices, or unread (all unread indices are one).
+func (t *tap) untrack(index int64) {
+	ch, rec := &t.ch, t.st.rec
 	ch.slot = record.UntrackedChoice
 	if _, known := ch.untracked[index]; !known {
 		if ch.untracked == nil {
@@ -64,7 +95,6 @@ func (t *tap) choice(index int64) bool {
 		ch.untracked[index] = false
 		rec.ChoicesUntracked = len(ch.untracked)
 	}
-	return true
 }
 
 // finishChoice keeps the finish reason of the payload's choice, once the

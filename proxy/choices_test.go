@@ -206,3 +206,65 @@ func TestTapZeroAllocsPerEventTwoChoices(t *testing.T) {
 		t.Errorf("%.2f allocations per read of two choices' events", n)
 	}
 }
+
+// A choice index beyond what the parser reads (10^18: more than 18
+// digits) names no choice: it was read as 0 and its events pooled with
+// choice 0's (TPOT 30 ms instead of 60). Now that choice is untracked,
+// never pooled, and every payload of it is counted (issue 40, item 9).
+func TestUnreadChoiceIndexIsUntrackedAndCounted(t *testing.T) {
+	const huge = 1000000000000000000
+	steps := func(indices ...int) []step {
+		var out []step
+		add := func(at int, raw string) {
+			out = append(out, step{at: time.Duration(at) * time.Millisecond, raw: raw, client: raw})
+		}
+		for i, index := range indices {
+			add(90+i, chunk(index, `{"role":"assistant","content":""}`, ""))
+		}
+		for k := range 4 {
+			for i, index := range indices {
+				add(100+60*k+30*i, chunk(index, fmt.Sprintf(`{"content":"a%d"}`, k), ""))
+			}
+		}
+		for i, index := range indices {
+			add(311+i, chunk(index, `{}`, "stop"))
+		}
+		add(320, "data: [DONE]\n\n")
+		return out
+	}
+	t.Run("beside choice 0", func(t *testing.T) {
+		r, _ := runLockstep(t, &lockstepUp{ct: "text/event-stream", steps: steps(0, huge)}, Options{}, "/v1/chat/completions", twoChoicesBody)
+		if r.Outcome != record.Success || r.TokenEvents() != 8 {
+			t.Fatalf("outcome %s/%s, %d token events", r.Outcome, r.ErrorType, r.TokenEvents())
+		}
+		if len(r.Choices) != 1 || r.Choices[0].Index != 0 || r.Choices[0].Events != 4 || r.Choices[0].FinishReason != "stop" {
+			t.Fatalf("choices %+v, want choice 0 alone with its 4 events", r.Choices)
+		}
+		if r.ChoicesUntracked != 1 || r.ChoiceIndexUnread != 6 {
+			t.Errorf("untracked %d, unread index %d, want 1 and 6 (payloads)", r.ChoicesUntracked, r.ChoiceIndexUnread)
+		}
+		if d, ok := r.TPOT(); !ok || d != 60*time.Millisecond {
+			t.Errorf("TPOT %v (%v), want choice 0's 60 ms, not the pooled 30", d, ok)
+		}
+		b, _ := r.MarshalJSON()
+		if !strings.Contains(string(b), `"choices_untracked":1,"choice_index_unread":6}`) {
+			t.Errorf("record %s", b)
+		}
+	})
+	t.Run("alone", func(t *testing.T) {
+		r, _ := runLockstep(t, &lockstepUp{ct: "text/event-stream", steps: steps(huge)}, Options{}, "/v1/chat/completions", streamBody)
+		if r.Outcome != record.Success || r.TokenEvents() != 4 {
+			t.Fatalf("outcome %s/%s, %d token events", r.Outcome, r.ErrorType, r.TokenEvents())
+		}
+		if r.Choices == nil || len(r.Choices) != 0 || r.ChoicesUntracked != 1 || r.ChoiceIndexUnread != 6 {
+			t.Errorf("choices %+v, untracked %d, unread index %d, want none tracked, 1, 6", r.Choices, r.ChoicesUntracked, r.ChoiceIndexUnread)
+		}
+		if d, ok := r.TPOT(); ok {
+			t.Errorf("TPOT %v, want none: no choice is tracked", d)
+		}
+		b, _ := r.MarshalJSON()
+		if !strings.Contains(string(b), `"choices":[],"choices_untracked":1,"choice_index_unread":6}`) {
+			t.Errorf("record %s", b)
+		}
+	})
+}

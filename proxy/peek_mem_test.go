@@ -32,8 +32,8 @@ func prepareBytes(t testing.TB, body []byte) uint64 {
 	const runs = 20
 	one := func() {
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-		st, _ := p.prepare(httptest.NewRecorder(), r)
-		if st == nil || !st.info.Stream {
+		st := &reqState{}
+		if _, ok := p.prepare(st, httptest.NewRecorder(), r); !ok || !st.info.Stream {
 			t.Fatalf("prepare: %+v", st)
 		}
 		io.Copy(io.Discard, r.Body)

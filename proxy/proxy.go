@@ -273,7 +273,17 @@ type reqState struct {
 	tap       *tap
 	handled   bool // the error handler answered
 	finished  bool
-	body      *idleBody // the client's body under BodyReadTimeout, or nil
+	// answered: a status line has been written to the client (or
+	// ReverseProxy is about to write the upstream's), so a later failure
+	// can only cut the connection. internal: the request panicked
+	// (settle); its outcome is error, type internal.
+	answered, internal bool
+	// staged: the end stages have the record (it is no longer written).
+	staged bool
+	// arrive is when the request arrived (the record's Arrive, also when
+	// no record could be made).
+	arrive time.Time
+	body   *idleBody // the client's body under BodyReadTimeout, or nil
 	// phases follows the upstream request through httptrace: the record's
 	// connection phases, when it was written, and the upstream connection
 	// of a request that asks to switch protocols (for its half-close).
@@ -323,31 +333,154 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	var (
-		st  *reqState
-		out *http.Request
-	)
+	st := &reqState{clock: p.clock, arrive: p.clock.Now()}
+	defer p.settle(w, r, st) // also when ReverseProxy panics with http.ErrAbortHandler
+	var out *http.Request
 	onOwnStack(func() {
-		var start pipeline.Start
-		if st, start = p.prepare(w, r); st != nil {
+		if start, ok := p.prepare(st, w, r); ok {
 			out = p.begin(st, r, &start)
 		}
 	})
-	if st == nil {
+	if out == nil {
 		return // answered already: the client's body broke
 	}
-	defer p.end(st) // also when ReverseProxy panics with http.ErrAbortHandler
 	p.rp.ServeHTTP(w, out)
 }
 
+// settle ends a request (end) when its handler returns or panics, and
+// turns a panic into an answer, a record and a count (internalError):
+// every request leaves with an answer and a record. It is ServeHTTP's
+// deferred call, so that recover sees the handler's panic.
+// http.ErrAbortHandler (ReverseProxy's, when writing to the client
+// failed) is no internal error: it is raised again once the request is
+// recorded, as is one after a status was written, so that net/http cuts
+// the connection rather than end a cut answer cleanly.
+func (p *Proxy) settle(w http.ResponseWriter, r *http.Request, st *reqState) {
+	v := recover()
+	abort := v == http.ErrAbortHandler
+	if v != nil && !abort {
+		abort = p.internalError(w, st, v, InternalRequest)
+	}
+	if !st.staged {
+		if e := caught(func() { p.endAfter(r, st) }); e != nil {
+			// The answer is what it was (the end comes after it): counted
+			// and logged, never cut for the sidecar's bookkeeping.
+			p.internalError(w, st, e, InternalEnd)
+			if !st.staged { // the record never reached the stages: it still does
+				if e := caught(func() { p.stageUnended(r, st) }); e != nil {
+					p.log.Error("request panicked again", "id", st.rec.ID, "panic", e)
+				}
+			}
+		}
+	}
+	if abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// The values of tokentap_internal_errors_total's where label
+// (docs/metrics.md): where a panic the proxy recovered from was raised.
+const (
+	InternalRequest = "request" // preparing, forwarding or answering a request
+	InternalEnd     = "end"     // settling its record or running its end stages
+)
+
+// caught runs fn and returns what it panicked with, nil if it did not.
+func caught(fn func()) (v any) {
+	defer func() { v = recover() }()
+	fn()
+	return nil
+}
+
+// internalError handles a panic v raised while serving a request: it is
+// logged at error with its stack and counted (Pipeline.InternalError),
+// the request is marked so that its record says error, type internal,
+// and, when no status was written yet, the client is answered 502 as a
+// ReverseProxy answers an upstream failure. It reports whether a status
+// had been written already: the connection must then be cut.
+func (p *Proxy) internalError(w http.ResponseWriter, st *reqState, v any, where string) (abort bool) {
+	id := ""
+	if st.rec != nil {
+		id = st.rec.ID
+	}
+	v, stack := panicOf(v)
+	p.log.Error("request panicked", "id", id, "where", where, "panic", v, "stack", string(stack))
+	p.opts.Pipeline.InternalError(where)
+	st.internal = true
+	if st.answered {
+		return true
+	}
+	st.answered = true
+	const status = http.StatusBadGateway
+	if st.rec != nil && !st.staged {
+		st.rec.HTTPStatus = status
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"error":{"message":%q,"type":"tokentap_%s","code":%d}}`+"\n",
+		"tokentap: internal error", record.ErrInternal, status)
+	return false
+}
+
+// endAfter ends a request whatever stage its set-up reached: one that
+// began (begin) ends as always (end); one set up but not begun, or not
+// even prepared (it panicked there), still gets its record and end
+// stages (stageUnended).
+func (p *Proxy) endAfter(r *http.Request, st *reqState) {
+	if st.ctx != nil {
+		p.end(st)
+		return
+	}
+	p.stageUnended(r, st)
+}
+
+// stageUnended settles the record of a request that panicked before its
+// end stages had it, and hands it to them: the record made so far, or a
+// new one when prepare had made none; the pipeline's request begun now
+// when it had not been (a stage's Begin that panics again leaves the
+// record to the sinks alone).
+func (p *Proxy) stageUnended(r *http.Request, st *reqState) {
+	rec := st.rec
+	if rec == nil {
+		rec = record.New(0)
+		rec.Arrive, rec.ID, rec.Traffic, rec.API = st.arrive, p.nextID(), p.opts.Traffic, st.info.API
+		rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
+		st.rec = rec
+	}
+	rec.Outcome, rec.ErrorType = record.Error, record.ErrInternal
+	if rec.Terminal.IsZero() {
+		rec.Terminal = p.clock.Now()
+	}
+	st.finished = true
+	if st.obs == nil {
+		if v := caught(func() {
+			_, st.obs = p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{
+				Key:          record.Key{API: rec.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+				PromptTokens: -1, Check: p.opts.Check})
+		}); v != nil {
+			p.log.Error("request panicked again", "id", rec.ID, "panic", v)
+			st.staged = true
+			p.opts.Pipeline.Record(rec)
+			return
+		}
+	}
+	st.staged = true
+	p.endStages(st.obs, rec, nil)
+}
+
 // onOwnStack runs fn on a new goroutine and waits for it; a panic in fn
-// is raised again in the caller. See ServeHTTP's design note.
+// is raised again in the caller, as a *panicked that keeps the stack it
+// was raised on. See ServeHTTP's design note.
 func onOwnStack(fn func()) {
-	var caught any
+	var caught *panicked
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer func() { caught = recover() }()
+		defer func() {
+			if v := recover(); v != nil {
+				caught = &panicked{v: v, stack: debug.Stack()}
+			}
+		}()
 		fn()
 	}()
 	<-done
@@ -356,13 +489,39 @@ func onOwnStack(fn func()) {
 	}
 }
 
+// panicOf returns a recovered panic's value and the stack it was raised
+// on: a panic carried across goroutines (onOwnStack) or raised again by
+// the end stages once the record went through them (pipeline.StagePanic)
+// keeps its own; for any other, the stack is taken here.
+func panicOf(v any) (any, []byte) {
+	var stack []byte
+	if o, ok := v.(*panicked); ok {
+		v, stack = o.v, o.stack
+	}
+	if s, ok := v.(pipeline.StagePanic); ok {
+		v, stack = s.Value, s.Stack
+	}
+	if stack == nil {
+		stack = debug.Stack()
+	}
+	return v, stack
+}
+
+// panicked is a panic raised on another goroutine (onOwnStack): its
+// value and the stack it was raised on, for the log.
+type panicked struct {
+	v     any
+	stack []byte
+}
+
 // prepare reads what the proxy needs of a request's body, injects the
-// usage request, and makes the record and the pipeline's start. A nil
-// state means it answered the client itself.
-func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipeline.Start) {
-	arrive := p.clock.Now()
+// usage request, and fills st: its record, and the pipeline's start. ok
+// false means it answered the client itself and the request is over.
+func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (start pipeline.Start, ok bool) {
+	arrive := st.arrive
 	api := classify(r, p.engineKind())
 	info := requestInfo{API: api}
+	st.info.API = api
 	var idle *idleBody
 	if p.opts.BodyReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		idle = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), d: p.opts.BodyReadTimeout, rate: p.opts.BodyMinRate}
@@ -380,22 +539,31 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 			rec := record.New(0)
 			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
 			rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
+			st.rec = rec
 			rec.Tenant = p.tenant(r, api)
 			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			// A body that went idle past the bound also ends the request's
 			// context (net/http cancels it on any read error): answer 408.
-			if r.Context().Err() == nil || idle.TimedOut() {
-				status := http.StatusBadRequest
-				if idle.TimedOut() {
-					status = http.StatusRequestTimeout
-				}
-				rec.Outcome, rec.ErrorType, rec.HTTPStatus = record.Error, record.ErrHTTP4xx, status
-				http.Error(w, "tokentap: reading request body: "+err.Error(), status)
+			// A client that went away (or shut its side) mid-body is
+			// cancelled, and answered 502 as a ReverseProxy answers a
+			// body it could not forward: never net/http's empty 200.
+			status := http.StatusBadGateway
+			switch {
+			case idle.TimedOut():
+				status = http.StatusRequestTimeout
+			case r.Context().Err() == nil:
+				status = http.StatusBadRequest
 			}
+			if status != http.StatusBadGateway {
+				rec.Outcome, rec.ErrorType = record.Error, record.ErrHTTP4xx
+			}
+			rec.HTTPStatus, st.answered = status, true
+			http.Error(w, "tokentap: reading request body: "+err.Error(), status)
+			st.obs, st.finished, st.staged = q, true, true
 			p.endStages(q, rec, nil)
-			return nil, pipeline.Start{}
+			return pipeline.Start{}, false
 		}
 		info, r.Body = in, body
 		// The engine is asked for an uncompressed answer when usage is
@@ -407,18 +575,21 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 			}
 		}
 	}
+	// Room for the token events, from the client's max_tokens: a claim,
+	// bounded before any arithmetic (max_tokens+1 overflowed at 2^63-1).
 	hint := 64
 	if info.MaxTokens > 0 {
-		hint = int(min(info.MaxTokens+1, 8192))
+		hint = int(min(info.MaxTokens, record.MaxHint-1)) + 1
 	}
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 	rec.API, rec.Stream, rec.MaxTokens, rec.RequestRead = info.API, info.Stream, info.MaxTokens, info.Read
 	rec.SetModel(info.Model)
+	st.rec, st.info = rec, info
 	rec.Tenant = p.tenant(r, info.API)
-	st := &reqState{rec: rec, clock: p.clock, clientCtx: r.Context(), info: info, body: idle}
-	start := pipeline.Start{
+	st.clientCtx, st.body = r.Context(), idle
+	start = pipeline.Start{
 		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 		HTTP:     r,
 		Upstream: p.opts.Upstream,
@@ -449,7 +620,7 @@ func (p *Proxy) prepare(w http.ResponseWriter, r *http.Request) (*reqState, pipe
 		r.Header.Set("Content-Length", strconv.FormatInt(rewritten.n, 10))
 		r.Header.Set("Accept-Encoding", "identity") // so that the engine answers uncompressed
 	}
-	return st, start
+	return start, true
 }
 
 // tenant is the identity of r's tenant (Options.Tenants), "" with none.
@@ -496,18 +667,27 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 // ServeHTTP's design note for why on another goroutine.
 func (p *Proxy) end(st *reqState) {
 	onOwnStack(func() {
-		captured := p.finish(st)
-		p.opts.PeekBudget.give(st.info.held)
-		st.cut(nil)
-		if st.switchTimer != nil {
-			st.switchTimer.Stop()
-		}
-		if st.cancel != nil {
-			st.cancel()
-		}
+		defer p.inflight.remove(st) // after the stages are counted (Wait); also on a panic
+		captured := func() []byte {
+			defer p.release(st) // also when finish panics
+			return p.finish(st)
+		}()
+		st.staged = true
 		p.endStages(st.obs, st.rec, captured)
-		p.inflight.remove(st)
 	})
+}
+
+// release gives back a request's peek budget and releases its contexts
+// (end takes it out of those in flight after its stages).
+func (p *Proxy) release(st *reqState) {
+	p.opts.PeekBudget.give(st.info.held)
+	st.cut(nil)
+	if st.switchTimer != nil {
+		st.switchTimer.Stop()
+	}
+	if st.cancel != nil {
+		st.cancel()
+	}
 }
 
 // endStages runs the pipeline's end stages on a settled record: on a
@@ -526,7 +706,9 @@ func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []by
 		defer e.done()
 		defer func() {
 			if v := recover(); v != nil {
-				p.log.Error("end of request panicked", "id", rec.ID, "panic", v, "stack", string(debug.Stack()))
+				v, stack := panicOf(v)
+				p.log.Error("end of request panicked", "id", rec.ID, "where", InternalEnd, "panic", v, "stack", string(stack))
+				p.opts.Pipeline.InternalError(InternalEnd)
 			}
 		}()
 		q.End(rec, captured)
@@ -548,7 +730,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	st.rec.Headers = p.clock.Now()
 	st.rec.HTTPStatus = resp.StatusCode
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		return p.upgrade(st, resp)
+		err := p.upgrade(st, resp)
+		st.answered = err == nil // ReverseProxy switches the client's connection next
+		return err
 	}
 	kind := bodyOpaque
 	api := st.info.API
@@ -596,6 +780,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
+	st.answered = true // ReverseProxy writes the response's status next
 	return nil
 }
 
@@ -613,7 +798,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	case st != nil && st.body.TimedOut():
 		status, etype = http.StatusRequestTimeout, record.ErrHTTP4xx
 	case st != nil && st.clientCtx.Err() != nil:
-		status, etype, outcome = 0, record.ErrCancelled, record.Cancelled
+		// The client went away, or shut its write side (SHUT_WR: net/http
+		// cannot tell them apart and cancels the request), before the
+		// upstream answered: cancelled, and answered 502 as a ReverseProxy
+		// answers, never with net/http's empty 200 (docs/measurement.md §3).
+		status, etype, outcome = http.StatusBadGateway, record.ErrCancelled, record.Cancelled
 	case errors.Is(err, context.DeadlineExceeded) || st != nil && st.timedOut():
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
@@ -633,6 +822,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if st != nil {
 		st.handled = true
+		st.answered = st.answered || status != 0
 		st.rec.HTTPStatus = status
 		st.rec.Outcome, st.rec.ErrorType = outcome, etype
 		st.rec.Terminal = p.clock.Now()
@@ -668,6 +858,12 @@ func (p *Proxy) finish(st *reqState) []byte {
 	}
 	now := p.clock.Now()
 	switch {
+	case st.internal:
+		// it panicked (settle): the answer, if any, was cut or a 502
+		rec.Outcome, rec.ErrorType = record.Error, record.ErrInternal
+		if rec.Terminal.IsZero() {
+			rec.Terminal = now
+		}
 	case st.handled:
 		// the error handler decided
 	case st.upgrade != nil:

@@ -84,15 +84,31 @@ func (r *Record) SplitChoices(first int64) {
 			c.tokenSum += int64(k)
 		}
 	}
+	r.follow(0)
+	r.Choices = append(r.Choices, c)
+}
+
+// FollowChoices starts per-choice timing before any choice was named:
+// the response's first choice index was one the parser does not read
+// (stream.IndexOutOfRange), so no choice is tracked yet, and the events
+// so far (there are none in practice) belong to no choice. Choices is
+// then empty, not nil.
+func (r *Record) FollowChoices() { r.follow(UntrackedChoice) }
+
+// follow makes Choices empty with room for MaxChoices, and EventChoice
+// parallel to TokenAt with every event so far at slot.
+func (r *Record) follow(slot uint8) {
 	if cap(r.Choices) < MaxChoices {
 		r.Choices = make([]Choice, 0, MaxChoices)
 	}
-	r.Choices = append(r.Choices[:0], c)
+	r.Choices = r.Choices[:0]
 	if cap(r.EventChoice) < cap(r.TokenAt) {
 		r.EventChoice = make([]uint8, len(r.TokenAt), cap(r.TokenAt))
 	} else {
 		r.EventChoice = r.EventChoice[:len(r.TokenAt)]
-		clear(r.EventChoice)
+	}
+	for i := range r.EventChoice {
+		r.EventChoice[i] = slot
 	}
 }
 

@@ -63,7 +63,7 @@ func TestMembersWrittenOnceInOrder(t *testing.T) {
 	r.Upstream.Asked, r.PreemptionsDuring, r.StallCause = true, 0, "preemption"
 	r.SplitChoices(0)
 	r.ChoiceSlot(1)
-	r.ChoicesUntracked = 1
+	r.ChoicesUntracked, r.ChoiceIndexUnread = 1, 2
 	r.Probe = &ProbeInfo{Name: "p", Scheduled: r.Arrive.Add(-time.Millisecond)}
 	r.Replay = &ReplayInfo{Line: 3, Scheduled: r.Arrive.Add(-time.Millisecond), Rate: 2}
 	r.EnergySource, r.EnergyInterval, r.DecodeSOL = "counter", time.Second, 0.5

@@ -42,6 +42,7 @@ const (
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
 	ErrUpstreamTLS     = "upstream_tls" // the upstream's certificate failed verification, or its TLS handshake failed (egress)
+	ErrInternal        = "internal"     // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
 )
 
 // API names the request's route, a bounded label.
@@ -178,12 +179,18 @@ type Record struct {
 	// Choices follows each choice on its own once the response carried a
 	// second choice index (n > 1; choice.go): at most MaxChoices, in the
 	// order they appeared; nil for a response with one choice.
-	// ChoicesUntracked counts the choices beyond MaxChoices. EventChoice
-	// is parallel to TokenAt while Choices is set: the position in
-	// Choices of each token event's choice (UntrackedChoice beyond it).
-	Choices          []Choice
-	ChoicesUntracked int
-	EventChoice      []uint8
+	// ChoicesUntracked counts the choices beyond MaxChoices, and the
+	// choices with an index the parser does not read, as one.
+	// ChoiceIndexUnread counts the payloads whose choice index the parser
+	// did not read (stream.IndexOutOfRange): their choice is untracked,
+	// never pooled with another; Choices is set (empty when no choice was
+	// named) from the first. EventChoice is parallel to TokenAt while
+	// Choices is set: the position in Choices of each token event's
+	// choice (UntrackedChoice beyond it).
+	Choices           []Choice
+	ChoicesUntracked  int
+	ChoiceIndexUnread int
+	EventChoice       []uint8
 	// Stalls counts gaps above the configured stall threshold; set when
 	// the request is judged (package slo).
 	Stalls int
@@ -311,8 +318,15 @@ func (r *Record) Reset() {
 	r.EventChoice = r.EventChoice[:0] // its room kept; Choices nil again (one choice)
 }
 
-// New returns a reset record with room for hint token events.
+// MaxHint bounds the room New makes for token events: a request's
+// max_tokens is a claim, not bytes received, so a record never reserves
+// more than this for it (more events grow the slices as they come).
+const MaxHint = 8192
+
+// New returns a reset record with room for hint token events, hint
+// clamped to [0, MaxHint].
 func New(hint int) *Record {
+	hint = min(max(hint, 0), MaxHint)
 	r := &Record{TokenAt: make([]time.Duration, 0, hint), TokensPerEvent: make([]int32, 0, hint)}
 	r.Reset()
 	return r
@@ -381,7 +395,7 @@ func (r *Record) E2E() (time.Duration, bool) { return since(r.Arrive, r.Terminal
 // count; ok is false for n ≤ 1, when it is undefined (not zero). With
 // Choices set it is the worst (largest) of the choices' TPOTs.
 func (r *Record) TPOT() (time.Duration, bool) {
-	if len(r.Choices) > 0 {
+	if r.Choices != nil {
 		return r.choicesTPOT()
 	}
 	n := r.OutputTokens
@@ -394,7 +408,7 @@ func (r *Record) TPOT() (time.Duration, bool) {
 // MaxITL is MaxGap; ok is false when there is no gap: fewer than two
 // token events (of one choice, with Choices set).
 func (r *Record) MaxITL() (time.Duration, bool) {
-	if len(r.Choices) > 0 {
+	if r.Choices != nil {
 		for i := range r.Choices {
 			if r.Choices[i].Events >= 2 {
 				return r.MaxGap, true
@@ -408,7 +422,7 @@ func (r *Record) MaxITL() (time.Duration, bool) {
 // Gaps calls fn with every inter-token-event gap, in order: with Choices
 // set, every gap between two token events of the same choice.
 func (r *Record) Gaps(fn func(time.Duration)) {
-	if len(r.Choices) > 0 {
+	if r.Choices != nil {
 		r.choiceGaps(fn)
 		return
 	}

@@ -3,6 +3,7 @@ package record
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -218,6 +219,17 @@ func TestJSONLWholeLines(t *testing.T) {
 	for _, l := range lines {
 		if !json.Valid([]byte(l)) {
 			t.Fatalf("broken line %q", l)
+		}
+	}
+}
+
+// New's hint is a claim (a client's max_tokens): clamped to [0, MaxHint]
+// rather than passed to make (issue 40, item 1).
+func TestNewClampsItsHint(t *testing.T) {
+	for _, c := range []struct{ hint, room int }{{-1, 0}, {0, 0}, {100, 100}, {MaxHint + 1, MaxHint}, {math.MaxInt, MaxHint}} {
+		r := New(c.hint)
+		if cap(r.TokenAt) != c.room || cap(r.TokensPerEvent) != c.room {
+			t.Errorf("New(%d): room %d and %d, want %d", c.hint, cap(r.TokenAt), cap(r.TokensPerEvent), c.room)
 		}
 	}
 }

@@ -121,8 +121,13 @@ func (e *Engine) submit(ctx context.Context, prompt, maxTokens int, ignoreEOS bo
 	}
 	e.seeds++
 	r := rand.New(rand.NewPCG(e.cfg.Seed, e.seeds))
+	// Room for every event the sequence can produce unread, so that the
+	// step loop never waits on a handler; max_tokens is the client's
+	// claim (2^63-1 overflowed the +2), so the room is bounded by what
+	// the KV cache can hold (only a lone sequence generates past it).
+	room := min(maxTokens, e.cfg.KVCapacityTokens) + 2
 	s := &seq{ctx: ctx, prompt: prompt, maxTokens: maxTokens, ignoreEOS: ignoreEOS, failAt: -1,
-		out: make(chan simEvent, maxTokens+2), rng: r, arrive: time.Now()}
+		out: make(chan simEvent, room), rng: r, arrive: time.Now()}
 	if r.Float64() < e.cfg.ErrorProb && maxTokens > 1 {
 		s.failAt = 1 + r.IntN(maxTokens-1)
 	}

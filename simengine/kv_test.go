@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // KV capacity 30 tokens, batch 4: three sequences of prompt 5 fit at
@@ -147,5 +149,37 @@ func TestPromptLargerThanKV(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 400 {
 		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// A max_tokens of 2^63-1 is a claim, not a size: the simulator streams
+// (the room for its events is bounded by the KV cache) instead of its
+// handler panicking on the channel's size (issue 40, item 1).
+func TestHugeMaxTokensStreams(t *testing.T) {
+	s := serve(t, fast())
+	resp, err := http.Post(s.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"x","stream":true,"max_tokens":9223372036854775807,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var f stream.Framer
+	buf := make([]byte, 4096)
+	tokens := 0
+	for tokens < 3 {
+		n, err := resp.Body.Read(buf)
+		f.Feed(buf[:n], func(e *stream.Event) {
+			var c stream.Chunk
+			stream.ParseOpenAI(e.Data, &c)
+			if c.Output {
+				tokens++
+			}
+		})
+		if err != nil {
+			t.Fatalf("after %d tokens: %v", tokens, err)
+		}
 	}
 }

@@ -53,7 +53,7 @@ func FluidityScore(r *record.Record, s FluiditySchedule) float64 {
 	if len(r.TokenAt) == 0 || s.Cadence <= 0 {
 		return 1
 	}
-	if len(r.Choices) == 0 {
+	if r.Choices == nil {
 		return fluidity(r, s, -1)
 	}
 	worst := 1.0

@@ -419,3 +419,9 @@ func MemberSpan(obj []byte, key string) (start, end int, ok bool) {
 	}
 	return 0, 0, false
 }
+
+// isNumber reports whether v (a whole JSON value, skipValue's span) is a
+// number: it starts with '-' or a digit.
+func isNumber(v []byte) bool {
+	return len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9')
+}

@@ -1,6 +1,9 @@
 package stream
 
-import "bytes"
+import (
+	"bytes"
+	"math"
+)
 
 // Chunk is what one payload says, as far as measurement goes, whatever its
 // wire format (Format): a streamed event (an OpenAI chat.completion.chunk,
@@ -36,7 +39,9 @@ type Chunk struct {
 	Choices int
 	// Index is the "index" member of the first element of "choices": the
 	// choice (of n) the payload carries; 0 (its position) when absent or
-	// not an integer. ChoicesData is the "choices" array itself when it
+	// not a number; IndexOutOfRange for a number beyond what the parser
+	// reads (more than 18 digits, a fraction, an exponent), which names
+	// no choice it can tell from another. ChoicesData is the "choices" array itself when it
 	// has more than one element, for EachChoice to read them one by one;
 	// nil otherwise. Output, Reasoning, Tokens and FinishReason above
 	// pool every choice of the payload.
@@ -221,6 +226,11 @@ func parseError(v []byte, c *Chunk) {
 	})
 }
 
+// IndexOutOfRange is Chunk.Index for a choice whose "index" is a number
+// the parser does not read (10^18 is not read as 0: that pooled two
+// choices into one). No readable index has this value.
+const IndexOutOfRange = math.MinInt64
+
 // EachChoice calls fn once for each element of a "choices" array (a
 // Chunk's ChoicesData) that is an object, with that choice alone parsed
 // into c: Choices 1, its Index (its position in the array when it has no
@@ -259,6 +269,8 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 			if e >= 0 && c.Choices == 1 {
 				if n, ok := intVal(b[v:e]); ok {
 					c.Index = n
+				} else if isNumber(b[v:e]) {
+					c.Index = IndexOutOfRange
 				}
 			}
 			return e

@@ -177,6 +177,8 @@ func FuzzParseOpenAI(f *testing.F) {
 		`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}`,
 		`{"choices":[{"index":0,"delta":{"refusal":"no"}}]}`,
 		`{"choices":[{"index":1,"delta":{"content":"a"}},{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+		`{"choices":[{"index":1000000000000000000,"delta":{"content":"a"}}]}`,
+		`{"choices":[{"index":999999999999999999,"delta":{"content":"a"}},{"index":1e3,"delta":{}}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -211,9 +213,14 @@ func FuzzParseOpenAI(f *testing.F) {
 		}
 		var chs []map[string]json.RawMessage
 		if json.Unmarshal(top["choices"], &chs) == nil && len(chs) > 0 {
+			// An index is read when it is an integer of at most 18
+			// digits; any other number names no choice (IndexOutOfRange,
+			// never 0: issue 40, item 9); anything else is the position.
 			var want int64
-			if raw, ok := chs[0]["index"]; ok && !bytes.ContainsAny(raw, ".eE") && json.Unmarshal(raw, &want) == nil && (want > 1e17 || want < -1e17) {
-				want = c.Index // beyond intVal's 18 digits: not read
+			if raw, ok := chs[0]["index"]; ok && len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+				if bytes.ContainsAny(raw, ".eE") || json.Unmarshal(raw, &want) != nil || want >= 1e18 || want <= -1e18 {
+					want = IndexOutOfRange
+				}
 			}
 			if c.Index != want {
 				t.Fatalf("%q: index %d, encoding/json says %d", data, c.Index, want)
