@@ -287,12 +287,16 @@ func contentPrefix(v []byte) bool {
 	return j.choices == choicesSome
 }
 
-// jsonPrefix follows the top-level members of a JSON object as its bytes
-// arrive (each byte looked at once), far enough to decide whether it is
-// a content chunk (choicesSome) and which of its bytes can no longer be
-// cut: everything before the first top-level "usage" member. It does not
-// validate: the rules built on it depend on the bytes alone, and the
-// cuts themselves are decided by the parser on the whole event.
+// jsonPrefix follows a JSON object as its bytes arrive (each byte looked
+// at once) far enough to decide whether it is a content chunk: its
+// top-level members until the first element of its first "choices"
+// member. After that it only looks for the first "usage" key, anywhere
+// (a vectorised search): the bytes before it can no longer be cut, those
+// from the end of the value before it on may be (MemberSpan's cut of a
+// top-level usage member starts there; a nested one is held all the
+// same). It does not validate: the rules built on it depend on the bytes
+// alone, and the cuts themselves are decided by the parser on the whole
+// event.
 type jsonPrefix struct {
 	on       bool  // following the held event's first data line
 	start    int64 // stream offset of the value's '{'
@@ -304,8 +308,8 @@ type jsonPrefix struct {
 	choices  byte  // choicesNone until the first top-level "choices" member shows
 	sig      int64 // offset after the last byte that was not white space
 	valEnd   int64 // offset after the last complete top-level value (after '{' first)
-	frozen   bool  // a top-level "usage" member began: nothing from valEnd on is released
-	closed   bool  // the object ended
+	frozen   bool  // a "usage" key began: nothing from valEnd on is released
+	rel      int64 // once a content chunk: the bytes before rel can no longer be cut
 }
 
 const (
@@ -317,9 +321,14 @@ const (
 )
 
 // feed reads buf[from-off : to-off] (buf starts at stream offset off and
-// holds the object's bytes from the start of the key being read).
+// holds the object's bytes from the start of the key being read, and
+// the last len(usageKey)-1 bytes before from).
 func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 	for i := from; i < to; i++ {
+		if j.choices == choicesSome {
+			j.findUsage(buf, off, i, to)
+			return
+		}
 		c := buf[i-off]
 		if j.str {
 			switch {
@@ -371,9 +380,6 @@ func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 			j.depth++
 		case '}', ']':
 			j.depth--
-			if j.depth == 0 {
-				j.closed = true
-			}
 		case ':':
 			if j.depth == 1 && !j.inVal {
 				j.inVal = true
@@ -393,7 +399,46 @@ func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 			}
 		}
 		j.sig = i + 1
+		if j.choices == choicesSome {
+			j.rel = i // the first element's first byte is read again by findUsage
+			if j.frozen {
+				j.rel = j.valEnd
+			}
+		}
 	}
+}
+
+// findUsage looks for the first "usage" key in a content chunk's bytes
+// [from, to), and sets what can be released: up to the end of the value
+// before it, or up to where a "usage" key that the next bytes complete
+// could start.
+func (j *jsonPrefix) findUsage(buf []byte, off, from, to int64) {
+	if j.frozen {
+		return
+	}
+	at := max(from-int64(len(usageKey)-1), j.rel, j.start) // a key split across reads
+	if k := bytes.Index(buf[at-off:to-off], usageKey); k >= 0 {
+		j.frozen = true
+		j.valEnd = memberStart(buf, off, at+int64(k), j.rel)
+		j.rel = j.valEnd
+		return
+	}
+	j.rel = memberStart(buf, off, max(to-int64(len(usageKey)-1), j.rel), j.rel)
+}
+
+// memberStart returns where a member whose key begins at k starts for
+// MemberSpan (after the previous value's last byte): k less the white
+// space and commas before it, not before floor.
+func memberStart(buf []byte, off, k, floor int64) int64 {
+	for k > floor {
+		switch buf[k-1-off] {
+		case ' ', '\t', '\r', '\n', ',':
+			k--
+			continue
+		}
+		break
+	}
+	return k
 }
 
 // safe returns the stream offset before which the object's bytes can no
@@ -403,11 +448,9 @@ func (j *jsonPrefix) safe() int64 {
 	case j.choices != choicesSome:
 		return -1
 	case j.frozen:
-		return j.valEnd
-	case j.closed, j.inVal:
-		return j.sig
+		return min(j.valEnd, j.rel)
 	}
-	return j.valEnd
+	return j.rel
 }
 
 // lineScan follows the lines of the incomplete event that strip mode
