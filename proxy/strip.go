@@ -187,7 +187,7 @@ func (t *tap) release(upto int64) {
 	t.heldOff = upto
 }
 
-var usageKey = []byte(`"usage"`)
+var usageKey = []byte(`"` + stream.UsageMember + `"`)
 
 // frameForStrip sees each complete event before it is forwarded. Only an
 // event that may be the injected usage chunk is parsed here; every other
@@ -340,9 +340,9 @@ func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 				j.str = false
 				if j.key >= 0 {
 					switch string(buf[j.key+1-off : i-off]) {
-					case "choices":
+					case stream.ChoicesMember:
 						j.member = 'c'
-					case "usage":
+					case stream.UsageMember:
 						j.member = 'u'
 					}
 					j.key = -1
