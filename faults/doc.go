@@ -20,7 +20,7 @@
 // test skips loudly outside CI and fails with CI=true), rotation with
 // SIGHUP, idle and slow-body clients against a stream that flows past
 // every timeout, --max-connections, an upstream that floods strip mode
-// with comments and no event end, shutdown with streams past the grace
+// with field lines and no event end, shutdown with streams past the grace
 // period (and a second signal), truncated streams, a password in the
 // upstream URL, gzip upstreams, 1 MB model names, and a burst of streams
 // whose clients all leave mid-stream.

@@ -493,14 +493,16 @@ func TestMaxConnections(t *testing.T) {
 }
 
 // 5. Strip mode stays bounded: the sidecar injected include_usage, so it
-// holds incomplete events back; an upstream that sends 150 MB of comment
-// lines and no blank line must not make it hold them all. The client gets
-// every byte, the first ones while the upstream is still sending, the
-// sidecar's RSS stays under 100 MB, and the record says strip_overflow.
+// holds back an incomplete event it cannot yet tell from the usage chunk;
+// an upstream that sends 150 MB of field lines ("event:", which strip
+// mode holds, unlike comment lines) and no blank line must not make it
+// hold them all. The client gets every byte, the first ones while the
+// upstream is still sending, the sidecar's RSS stays under 100 MB, and
+// the record says strip_overflow.
 func TestStripOverflowBounded(t *testing.T) {
 	t.Parallel()
-	block := []byte(strings.Repeat(": comment\n", 6400)) // 64,000 bytes
-	const blocks = 2344                                  // 150,016,000 bytes
+	block := []byte(strings.Repeat("event: ping1234\n", 4000)) // 64,000 bytes
+	const blocks = 2344                                        // 150,016,000 bytes
 	const rssBound = 100 << 20
 	gotFirst := make(chan struct{})
 	var upSum [32]byte

@@ -62,6 +62,70 @@ func BenchmarkTapEvent(b *testing.B) {
 	}
 }
 
+// pieceReader serves the same event forever, in reads of at most piece
+// bytes.
+type pieceReader struct {
+	ev         []byte
+	off, piece int
+}
+
+func (r *pieceReader) Read(p []byte) (int, error) {
+	n := copy(p[:min(len(p), r.piece)], r.ev[r.off:])
+	r.off = (r.off + n) % len(r.ev)
+	return n, nil
+}
+func (r *pieceReader) Close() error { return nil }
+
+// BenchmarkTapLargeEvent is BenchmarkTapEvent for an event of 32 KiB (a
+// tool-call delta) that arrives in reads of copyBufSize, as ReverseProxy
+// reads it: the case in which strip mode held every byte of the event
+// until its end (below the hold bound) and copies it three more times. One
+// op is one event.
+func BenchmarkTapLargeEvent(b *testing.B) {
+	args := strings.Repeat(`{\"k\":\"vvvvvvvvvv\"},`, 32<<10/20)
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"` +
+		args + `"}}]},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for _, strip := range []bool{false, true} {
+		name := "passthrough"
+		if strip {
+			name = "strip"
+		}
+		b.Run(name, func(b *testing.B) {
+			st := realState(1024)
+			st.rec.Arrive = time.Now()
+			tp := newTap(&pieceReader{ev: ev, piece: copyBufSize}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20)
+			p := make([]byte, copyBufSize)
+			var got int64
+			event := func() {
+				for want := got + int64(len(ev)); got < want; {
+					n, err := tp.Read(p)
+					if err != nil {
+						b.Fatal(err)
+					}
+					got += int64(n)
+				}
+			}
+			for range 64 {
+				event()
+			}
+			b.SetBytes(int64(len(ev)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if i%1024 == 0 {
+					st.rec.Reset()
+					st.rec.Arrive = time.Now()
+				}
+				event()
+			}
+			b.StopTimer()
+			if st.rec.TokenEvents() == 0 || st.rec.TapFailed != "" {
+				b.Fatalf("%d token events, tap_failed %q", st.rec.TokenEvents(), st.rec.TapFailed)
+			}
+		})
+	}
+}
+
 // lockstep is an upstream that writes one event each time it is told to,
 // on one long stream, so that each event's latency can be measured alone.
 type lockstep struct{ trigger chan struct{} }

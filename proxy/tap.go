@@ -61,6 +61,9 @@ type tap struct {
 
 	// strip mode
 	held    []byte     // read but not yet forwarded, from stream offset heldOff
+	hbuf    []byte     // the tap's own buffer behind held (held aliases the caller's during frameStrip)
+	emitTo  []byte     // the caller's buffer while frameStrip forwards in place; nil: to out
+	emitN   int        // bytes forwarded into emitTo so far
 	heldOff int64      //
 	cuts    [][2]int64 // byte ranges of held to drop
 	cutLF   int64      // offset of an LF that completes a cut CRLF, or -1
@@ -115,8 +118,11 @@ type queued struct {
 	hasData    bool
 }
 
+// newTap wraps body. strip asks for strip mode, which frames SSE only:
+// for another kind of body it is ignored (the proxy asks for it only on
+// an SSE answer to an injected request).
 func newTap(body io.ReadCloser, st *reqState, kind bodyKind, format stream.Format, strip bool, wholeMax int) *tap {
-	t := &tap{body: body, st: st, kind: kind, format: format, strip: strip, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1},
+	t := &tap{body: body, st: st, kind: kind, format: format, strip: strip && kind == bodySSE, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1},
 		wholeMax: wholeMax, perEventAll: true, hdrOut: -1}
 	t.onEv = t.event
 	t.onCut = t.frameForStrip

@@ -93,19 +93,22 @@ func (u *upstreamSaw) note(t *testing.T, r *http.Request) {
 	u.acceptEncoding = r.Header.Values("Accept-Encoding")
 }
 
-// An upstream that sends line after line without ending an event: the
-// client gets every byte, from the first 64 KiB on rather than at the end,
-// and the sidecar's heap stays flat.
+// An upstream that sends comment lines without ending an event (150 MB
+// of them), then a usage chunk: the client gets every comment line as it
+// comes (from the first 64 KiB on rather than at the end), the sidecar's
+// heap stays flat, nothing is given up, and the usage chunk is cut.
 func TestStripCommentFloodIsBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("150 MB through the proxy")
 	}
 	const total = 150 << 20
 	block := bytes.Repeat([]byte(": comment\n"), 6554) // 65,540 bytes
+	const tail = "\n" + boundUsage + "\n\ndata: [DONE]\n\n"
 	want := sha256.New()
 	for n := 0; n < total; n += len(block) {
 		want.Write(block[:min(len(block), total-n)])
 	}
+	want.Write([]byte("\ndata: [DONE]\n\n"))
 	var upDone atomic.Int64
 	var saw upstreamSaw
 	obs := newReasonObs()
@@ -119,6 +122,7 @@ func TestStripCommentFloodIsBounded(t *testing.T) {
 			w.(http.Flusher).Flush()
 		}
 		upDone.Store(time.Now().UnixNano())
+		io.WriteString(w, tail)
 	}), Options{InjectUsage: true}, obs)
 
 	runtime.GC()
@@ -171,8 +175,8 @@ func TestStripCommentFloodIsBounded(t *testing.T) {
 	close(stop)
 	<-sampled
 
-	if n != total || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
-		t.Fatalf("client got %d bytes (want %d), same bytes: %v", n, total, bytes.Equal(got.Sum(nil), want.Sum(nil)))
+	if wantN := int64(total + len(tail) - len(boundUsage) - 2); n != wantN || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("client got %d bytes (want %d), same bytes: %v", n, wantN, bytes.Equal(got.Sum(nil), want.Sum(nil)))
 	}
 	upEnd := time.Unix(0, upDone.Load())
 	if !first.Before(upEnd) {
@@ -189,23 +193,34 @@ func TestStripCommentFloodIsBounded(t *testing.T) {
 	if !saw.includeUsage || !r.UsageInjected {
 		t.Fatal("usage was not injected: strip mode not exercised")
 	}
-	if r.TapFailed != "strip_overflow" {
-		t.Fatalf("TapFailed %q, want strip_overflow", r.TapFailed)
+	if r.TapFailed != "" || len(obs.got()) != 0 {
+		t.Fatalf("TapFailed %q, give-ups counted %v: comment lines are never held", r.TapFailed, obs.got())
 	}
-	if g := obs.got(); !slices.Equal(g, []string{"strip_overflow"}) {
-		t.Fatalf("give-ups counted %v", g)
+	if r.TokenSource != "usage" || r.OutputTokens != 7 || r.InputTokens != 3 {
+		t.Fatalf("tokens %d in, %d out from %s", r.InputTokens, r.OutputTokens, r.TokenSource)
 	}
 }
 
-// The tap itself never holds more than stripHoldMax plus one read, gives
-// up at the start of the event it could not hold, and keeps timing the
-// events after it (the usage event included, now forwarded).
+// What the tap holds of an event that does not end, read in pieces of
+// every size: comment lines and a data line that is no JSON object, none
+// of it (forwarded as it comes, nothing given up); lines of another field,
+// or a JSON data line that never shows what it is, at most stripHoldMax
+// plus one read, after which that event is forwarded as it is and
+// counted, and strip mode goes on: the next usage chunk is still cut and
+// counted, and the events after it timed.
 func TestStripHoldsAtMostTheCap(t *testing.T) {
-	flood := strings.Repeat(": comment\n", 100_000) // 1 MB
-	line := "data: " + strings.Repeat("x", 200_000) // one line larger than the cap
-	for _, tc := range []struct{ name, in, outFrom string }{
-		{"comments", boundTok + "\n\n" + flood + "\n" + boundTok + "\n\n" + boundUsage + "\n\n", boundTok + "\n\n"},
-		{"long line", boundTok + "\r\n\r\n" + line + "\r\n\r\n" + boundTok + "\r\n\r\n" + boundUsage + "\r\n\r\n", boundTok + "\r\n\r\n"},
+	flood := strings.Repeat(": comment\n", 100_000)                    // 1 MB
+	fields := strings.Repeat("event: x\n", 100_000)                    // 900 KB
+	line := "data: " + strings.Repeat("x", 200_000)                    // one line larger than the cap
+	undecided := `data: {"id":"` + strings.Repeat("x", 200_000) + `"}` // no "choices" before the cap
+	for _, tc := range []struct {
+		name, in string
+		passed   bool // the event after the first is forwarded for its size
+	}{
+		{"comments", boundTok + "\n\n" + flood + "\n" + boundTok + "\n\n" + boundUsage + "\n\n", false},
+		{"long line", boundTok + "\r\n\r\n" + line + "\r\n\r\n" + boundTok + "\r\n\r\n" + boundUsage + "\r\n\r\n", false},
+		{"other fields", boundTok + "\n\n" + fields + "\n" + boundTok + "\n\n" + boundUsage + "\n\n", true},
+		{"undecided JSON", boundTok + "\n\n" + undecided + "\n\n" + boundTok + "\n\n" + boundUsage + "\n\n", true},
 	} {
 		for _, size := range []int{1, 7, 4096, 32 << 10} {
 			maxHeld := 0
@@ -213,14 +228,26 @@ func TestStripHoldsAtMostTheCap(t *testing.T) {
 				maxHeld = max(maxHeld, len(tp.held))
 			})
 			rec := tp.st.rec
-			if out := string(out); out != tc.in {
-				t.Fatalf("%s, reads of %d: client bytes differ (%d of %d)", tc.name, size, len(out), len(tc.in))
+			want := strings.TrimSuffix(tc.in, boundUsage+"\n\n")
+			if strings.HasSuffix(tc.in, "\r\n") {
+				want = strings.TrimSuffix(tc.in, boundUsage+"\r\n\r\n")
 			}
-			if maxHeld > stripHoldMax+size {
-				t.Fatalf("%s, reads of %d: held %d bytes", tc.name, size, maxHeld)
+			if out := string(out); out != want {
+				t.Fatalf("%s, reads of %d: client bytes differ (%d of %d)", tc.name, size, len(out), len(want))
 			}
-			if rec.TapFailed != "strip_overflow" || tp.gaveUpAt != int64(len(tc.outFrom)) {
-				t.Fatalf("%s, reads of %d: TapFailed %q at %d", tc.name, size, rec.TapFailed, tp.gaveUpAt)
+			limit := stripHoldMax + size
+			if !tc.passed {
+				limit = len(boundUsage) + 4 + size // an event never forwarded before it ends: the usage chunk
+			}
+			if maxHeld > limit {
+				t.Fatalf("%s, reads of %d: held %d bytes (limit %d)", tc.name, size, maxHeld, limit)
+			}
+			wantFailed := ""
+			if tc.passed {
+				wantFailed = "strip_overflow"
+			}
+			if rec.TapFailed != wantFailed || tp.gaveUpAt != -1 || tp.degraded {
+				t.Fatalf("%s, reads of %d: TapFailed %q, gave up at %d", tc.name, size, rec.TapFailed, tp.gaveUpAt)
 			}
 			if rec.TokenEvents() != 2 || !tp.sawUsage || tp.usageOut != 7 {
 				t.Fatalf("%s, reads of %d: %d token events, usage %v/%d: timing stopped", tc.name, size, rec.TokenEvents(), tp.sawUsage, tp.usageOut)
@@ -229,9 +256,9 @@ func TestStripHoldsAtMostTheCap(t *testing.T) {
 	}
 	// A large event that arrives whole is complete when framed: nothing
 	// held, nothing given up, the usage event still cut.
-	in := boundTok + "\n\n" + line + "\n\n" + boundUsage + "\n\n"
+	in := boundTok + "\n\n" + undecided + "\n\n" + boundUsage + "\n\n"
 	out, tp := runStripTap([]byte(in), []int{len(in)}, len(in), nil)
-	if string(out) != boundTok+"\n\n"+line+"\n\n" || tp.st.rec.TapFailed != "" {
+	if string(out) != boundTok+"\n\n"+undecided+"\n\n" || tp.st.rec.TapFailed != "" {
 		t.Fatalf("a whole large event: TapFailed %q, %d bytes out", tp.st.rec.TapFailed, len(out))
 	}
 }

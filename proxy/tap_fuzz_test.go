@@ -60,24 +60,29 @@ func realState(hint int) *reqState {
 
 // expectStripped frames the whole input at once and removes every complete
 // usage-only event: what a client must receive in strip mode.
-func expectStripped(in []byte) []byte { return expectStrippedUntil(in, -1) }
+func expectStripped(in []byte) []byte { return expectStrippedUntil(in, -1, nil) }
 
 // expectStrippedUntil is expectStripped for a strip mode that gave up at
 // stream offset until (-1: never): events starting there or later are
-// forwarded as they are.
-func expectStrippedUntil(in []byte, until int64) []byte {
+// forwarded as they are; so are the events starting at the offsets in
+// passed (forwarded for their size, strip_overflow). A usage-only event
+// is cut after its leading comment lines, unless its first data line
+// begins a content chunk.
+func expectStrippedUntil(in []byte, until int64, passed map[int64]bool) []byte {
 	var f stream.Framer
 	var out []byte
 	last := int64(0)
 	cut := func(e *stream.Event) {
 		var c stream.Chunk
-		if !e.HasData || e.Partial || (until >= 0 && e.Start >= until) {
+		if !e.HasData || e.Partial || (until >= 0 && e.Start >= until) || passed[e.Start] {
 			return
 		}
 		stream.ParseOpenAI(e.Data, &c)
+		first, _, _ := bytes.Cut(e.Data, []byte("\n"))
 		switch {
-		case c.UsageOnly():
-			out = append(out, in[last:e.Start]...)
+		case c.UsageOnly() && !contentPrefix(first):
+			from := e.Start + int64(commentPrefix(in[e.Start:e.End], false, e.Start == 0))
+			out = append(out, in[last:from]...)
 			last = e.End
 		case (addedUsage(&c) || (c.Choices > 0 && topLevelNull(e.Data, "usage"))) && bytes.Contains(e.Data, []byte(`"usage"`)) && !bytes.Contains(e.Data, []byte("\n")):
 			// a usage member (a count, or null) on a content chunk: only
@@ -116,7 +121,7 @@ func singleLFAt(in []byte) int64 {
 			return
 		}
 		first, _, multi := bytes.Cut(e.Data, []byte("\n"))
-		if multi && len(first) > 0 && first[0] == '{' && json.Valid(first) {
+		if multi && len(first) > 0 && first[0] == '{' && (json.Valid(first) || contentPrefix(first)) {
 			at = e.Start
 		}
 	}
@@ -223,27 +228,34 @@ func FuzzTapStrip(f *testing.F) {
 		if buf >= 192 {
 			bufLen = 32 << 10
 		}
-		got, tp := runStripTap(in, sz, bufLen, nil)
+		passed := map[int64]bool{} // events forwarded for their size
+		got, tp := runStripTap(in, sz, bufLen, func(tp *tap) {
+			if tp.ls.passed {
+				passed[tp.ls.ev] = true
+			}
+		})
 		rec := tp.st.rec
 		until := singleLFAt(in)
 		switch rec.TapFailed {
 		case "":
-			if until >= 0 || tp.gaveUpAt >= 0 {
-				t.Fatalf("in %q: no give-up recorded, single-LF at %d, gave up at %d", in, until, tp.gaveUpAt)
+			if until >= 0 || tp.gaveUpAt >= 0 || len(passed) > 0 {
+				t.Fatalf("in %q: no give-up recorded, single-LF at %d, gave up at %d, passed %v", in, until, tp.gaveUpAt, passed)
 			}
 		case "single_lf_framing":
 			if tp.gaveUpAt != until {
 				t.Fatalf("in %q: gave up at %d, single-LF framing starts at %d", in, tp.gaveUpAt, until)
 			}
 		case "strip_overflow":
-			if until >= 0 && tp.gaveUpAt > until || len(in)-int(tp.gaveUpAt) <= stripHoldMax {
-				t.Fatalf("in %q: strip_overflow at %d (single-LF at %d)", in, tp.gaveUpAt, until)
+			// An event passed for its size is never given up on: single-LF
+			// framing found in it is forwarded with it.
+			if len(passed) == 0 || len(in) <= stripHoldMax || (tp.gaveUpAt >= 0 && tp.gaveUpAt != until) || (tp.gaveUpAt < 0 && until >= 0 && !passed[until]) {
+				t.Fatalf("in %q: strip_overflow, passed %v, gave up at %d (single-LF at %d)", in, passed, tp.gaveUpAt, until)
 			}
 			until = tp.gaveUpAt
 		default:
 			t.Fatalf("in %q: tap failed: %s", in, rec.TapFailed)
 		}
-		want := expectStrippedUntil(in, until)
+		want := expectStrippedUntil(in, until, passed)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("in %q sizes %v buf %d:\n got %q\nwant %q", in, sz, bufLen, got, want)
 		}

@@ -53,6 +53,7 @@ type flags struct {
 	rates                                 string
 	duration, timeout                     time.Duration
 	maxInFlight, blockSize                int
+	seed                                  uint64
 	ignoreEOS, stream                     bool
 	records, adminListen, apiKeyEnv       string
 }
@@ -93,6 +94,7 @@ func parse(args []string, stderr io.Writer) (flags, Options, error) {
 	fs.DurationVar(&f.duration, "duration", 0, "bounds each step's schedule (0: the whole trace)")
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 256, "requests in flight at most; a request due beyond it is not sent (recorded, counted)")
 	fs.IntVar(&f.blockSize, "block-size", DefaultBlockSize, "tokens per hash id")
+	fs.Uint64Var(&f.seed, "seed", 0, "keys the prompt text: replays given the same seed send the same text for the same hash id (a trace split over several load generators); 0: drawn at random")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", true, "ask engines that can (vLLM, SGLang, llama.cpp) for exactly output_length tokens")
 	fs.BoolVar(&f.stream, "stream", true, "stream the requests of lines that do not say (public traces)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bounds one request (0: none)")
@@ -112,7 +114,7 @@ func parse(args []string, stderr io.Writer) (flags, Options, error) {
 		bad("unexpected arguments: %q", fs.Args())
 	}
 	o := Options{Trace: f.trace, API: f.api, Model: f.model, Stream: f.stream, IgnoreEOS: f.ignoreEOS, TimeScale: f.timeScale,
-		Duration: f.duration, MaxInFlight: f.maxInFlight, BlockSize: f.blockSize, Timeout: f.timeout, Rates: []float64{f.rate}}
+		Duration: f.duration, MaxInFlight: f.maxInFlight, BlockSize: f.blockSize, Seed: f.seed, Timeout: f.timeout, Rates: []float64{f.rate}}
 	if f.trace == "" {
 		bad("--trace is required")
 	}

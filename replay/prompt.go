@@ -1,8 +1,6 @@
 package replay
 
 import (
-	"encoding/binary"
-	"hash/maphash"
 	"math/rand/v2"
 	"strings"
 
@@ -41,24 +39,36 @@ far fun hat hot job key law leg map net oil pen pot raw`)
 // tokens past the hash ids are the request's own. salt makes one run's
 // text differ from another's, so that a step of --rates finds no prefix
 // the step before it left in the cache that the trace does not share.
+// The text is a function of (salt, id) alone, the same in every process:
+// replays given the same --seed send the same text for the same hash id
+// (docs/capture.md, "Several load generators").
 type prompts struct {
 	blockSize int
-	seed      maphash.Seed
 	salt      uint64
 }
 
 func newPrompts(blockSize int, salt uint64) *prompts {
-	return &prompts{blockSize: blockSize, seed: maphash.MakeSeed(), salt: salt}
+	return &prompts{blockSize: blockSize, salt: salt}
 }
 
-// words appends n words drawn from the stream keyed by (kind, id).
-func (p *prompts) words(b *strings.Builder, kind byte, id int64, n int) {
-	var k [17]byte
-	k[0] = kind
-	binary.LittleEndian.PutUint64(k[1:], uint64(id))
-	binary.LittleEndian.PutUint64(k[9:], p.salt)
-	h := maphash.Bytes(p.seed, k[:])
-	r := rand.New(rand.NewPCG(h, p.salt))
+// mix is SplitMix64's finaliser: a bijection of 64 bits in which every
+// input bit changes every output bit with probability about one half.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// stepSalt is the salt of step i of a replay seeded with seed: each step
+// its own, every process given the seed the same.
+func stepSalt(seed uint64, i int) uint64 { return mix(seed ^ mix(uint64(i)+1)) }
+
+// words appends n words drawn from the stream keyed by (kind, id, sub)
+// and the salt.
+func (p *prompts) words(b *strings.Builder, kind byte, id, sub int64, n int) {
+	r := rand.New(rand.NewPCG(mix(mix(uint64(id))^uint64(kind)), mix(p.salt^mix(uint64(sub)))))
 	for n > 0 {
 		x := r.Uint64()
 		for j := 0; j < 10 && n > 0; j++ { // ten 6-bit draws per number
@@ -72,7 +82,9 @@ func (p *prompts) words(b *strings.Builder, kind byte, id int64, n int) {
 
 // text returns the prompt of req: tokens tokens of words, its blocks
 // (of blockSize tokens; 0: the replay's --block-size) shared by hash id,
-// the rest its own (keyed by its line).
+// the rest its own, keyed by its line and its timestamp (so that two
+// requests of a trace split over several files, which may have the same
+// line number there, still differ).
 func (p *prompts) text(req *workload.Request, tokens, blockSize int64) string {
 	if tokens <= 0 {
 		return ""
@@ -88,11 +100,11 @@ func (p *prompts) text(req *workload.Request, tokens, blockSize int64) string {
 			blockSize = int64(p.blockSize)
 		}
 		n := min(left, blockSize)
-		p.words(&b, 'h', id, int(n))
+		p.words(&b, 'h', id, 0, int(n))
 		left -= n
 	}
 	if left > 0 {
-		p.words(&b, 'l', req.Line, int(left))
+		p.words(&b, 'l', req.Line, req.Timestamp, int(left))
 	}
 	return b.String()[1:] // without the first word's space
 }

@@ -77,6 +77,11 @@ type Options struct {
 	MaxInFlight int
 	// BlockSize is the tokens one hash id stands for; 0 means 512.
 	BlockSize int
+	// Seed keys the synthesised prompt text: replays given the same seed
+	// send the same text for the same hash id, each step of Rates its
+	// own (docs/capture.md, "Several load generators"). 0 draws one at
+	// random (Report.Seed says which).
+	Seed uint64
 	// Timeout bounds one request; 0 means none.
 	Timeout time.Duration
 	// Header is added to every request (an API key); nil adds none.
@@ -161,6 +166,11 @@ func New(opts Options) *Runner {
 		path := opts.Trace
 		opts.Open = func() (*workload.Reader, io.Closer, error) { return workload.Open(path, 0) }
 	}
+	for opts.Seed == 0 { // 0 means "draw one"
+		var b [8]byte
+		_, _ = crand.Read(b[:])
+		opts.Seed = binary.LittleEndian.Uint64(b[:])
+	}
 	r := &Runner{opts: opts, api: stream.LookupAPI(opts.API)}
 	if r.api == nil || r.api.Probe == nil {
 		r.api = stream.APIChat
@@ -218,12 +228,12 @@ var ErrEmptyTrace = errors.New("the trace has no request")
 func (r *Runner) Run(ctx context.Context) (*Report, error) {
 	var steps []*tally
 	var err error
-	for _, rate := range r.opts.Rates {
+	for i, rate := range r.opts.Rates {
 		if ctx.Err() != nil {
 			break
 		}
 		var t *tally
-		t, err = r.step(ctx, rate)
+		t, err = r.step(ctx, rate, i)
 		if t != nil {
 			steps = append(steps, t)
 		}
@@ -234,17 +244,15 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 	return r.report(steps), err
 }
 
-// step replays the trace once at rate.
-func (r *Runner) step(ctx context.Context, rate float64) (*tally, error) {
+// step replays the trace once at rate, as step i of the run.
+func (r *Runner) step(ctx context.Context, rate float64, i int) (*tally, error) {
 	rd, closer, err := r.opts.Open()
 	if err != nil {
 		return nil, err
 	}
 	defer closer.Close()
-	var salt [8]byte
-	_, _ = crand.Read(salt[:])
 	b := &builder{api: r.api, model: r.opts.Model, stream: r.opts.Stream, ignoreEOS: r.opts.IgnoreEOS,
-		prompts: newPrompts(r.opts.BlockSize, binary.LittleEndian.Uint64(salt[:]))}
+		prompts: newPrompts(r.opts.BlockSize, stepSalt(r.opts.Seed, i))}
 	t := newTally(rate, len(r.names))
 	first, err := rd.Next()
 	if err == io.EOF {

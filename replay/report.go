@@ -89,6 +89,9 @@ type Report struct {
 	BaseRate  float64
 	RateKnees []Knee // with more than one step
 	LoadKnees []Knee
+	// Seed is the seed the prompt text was drawn with (Options.Seed, or
+	// the one drawn for it): --seed with it sends the same text again.
+	Seed uint64
 }
 
 func verdict(lower, upper, target float64, n int64) string {
@@ -104,7 +107,7 @@ func verdict(lower, upper, target float64, n int64) string {
 func (r *Runner) report(steps []*tally) *Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rep := &Report{}
+	rep := &Report{Seed: r.opts.Seed}
 	for _, t := range steps {
 		s := Step{Rate: t.rate, FirstLine: t.firstLine, LastLine: t.lastLine, StoppedBy: t.stoppedBy,
 			Scheduled: t.scheduled, Sent: t.sent, Answered: t.answered, NotSent: t.notSent, Failed: t.failed,
@@ -188,6 +191,7 @@ func (rep *Report) Print(w io.Writer) {
 	if rep.BaseRate > 0 {
 		fmt.Fprintf(w, "trace arrival rate at rate 1: %.3g req/s\n", rep.BaseRate)
 	}
+	fmt.Fprintf(w, "prompt text seed: %d (--seed %d sends the same text)\n", rep.Seed, rep.Seed)
 	for _, s := range rep.Steps {
 		fmt.Fprintf(w, "\n== rate ×%g: %.3g req/s scheduled, trace lines %d-%d", s.Rate, s.ArrivalRate, s.FirstLine, s.LastLine)
 		if s.StoppedBy != "" {

@@ -92,6 +92,16 @@ func (s TokenSource) String() string {
 // stream_options.include_usage adds: no choices, usage present.
 func (c *Chunk) UsageOnly() bool { return (c.Usage || c.HasPrompt) && c.Choices == 0 && !c.Error }
 
+// The members of an OpenAI chunk that the proxy's strip mode reads before
+// the chunk is complete (proxy/strip.go): the usage chunk (UsageOnly) has
+// an empty ChoicesMember array and a UsageMember, so a chunk whose
+// choices array is non-empty is never it, and only a UsageMember is cut
+// from one.
+const (
+	ChoicesMember = "choices"
+	UsageMember   = "usage"
+)
+
 // TokenBearing reports whether the event carries generated output.
 func (c *Chunk) TokenBearing() bool { return c.Output || c.Reasoning }
 
