@@ -482,7 +482,7 @@ func sidecarBoard() board {
 					desc:    "The sidecar's own overhead: from reading a chunk from the engine to having written and flushed it to the client, one observation per read that completed an event (tokentap_forward_delay_seconds; docs/measurement.md §1, docs/metrics.md).",
 					targets: quantiles("tokentap_forward_delay_seconds", sel, "", "", "0.5", "0.99", "0.999")},
 				{title: "Tap failures per second, by reason", unit: "short", w: 12, h: 8, min: fp(0),
-					desc:    "Responses on which the tap gave up measuring and fell back to plain forwarding (fail open: panic, content_encoding, strip_overflow, single_lf_framing), and events over the tap's bound forwarded unread while the rest of their response was measured (event_too_large, one per event) (tokentap_tap_failures_total; docs/metrics.md, docs/design.md fail open). Every byte still reached the client.",
+					desc:    "Responses on which the tap gave up measuring and fell back to plain forwarding (fail open: panic, content_encoding, single_lf_framing), and single events: over the tap's bound, forwarded unread while the rest of their response was measured (event_too_large), or too long for strip mode to decide, forwarded unstripped while stripping went on (strip_overflow) (tokentap_tap_failures_total; docs/metrics.md, docs/design.md fail open). Every byte still reached the client.",
 					targets: []target{{expr: `sum by (reason) (rate(tokentap_tap_failures_total{` + sel + `}[` + ri + `]))`, legend: "{{reason}}"}}},
 				{title: "Requests in flight", unit: "short", w: 12, h: 8, min: fp(0),
 					desc:    "Requests that arrived and have not reached their outcome, by sidecar and traffic (tokentap_requests_in_flight; docs/metrics.md).",

@@ -107,7 +107,7 @@ func New(cfg Config) *Metrics {
 	}, []string{promLabel[LOperation], promLabel[LTraffic], promLabel[LProbe]})
 	m.tapFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokentap_tap_failures_total",
-		Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason; event_too_large counts each event over the tap's bound, forwarded unread, the rest of the response measured.",
+		Help: "Times the stream tap gave up measuring a response and fell back to plain forwarding (fail open), by reason; event_too_large counts each event over the tap's bound, forwarded unread, the rest of the response measured; strip_overflow each event strip mode forwarded unstripped for its size, stripping going on.",
 	}, []string{"reason"})
 	m.internal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokentap_internal_errors_total",
