@@ -34,9 +34,10 @@ FROM source AS build-static
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/tokentap ./cmd/sidecar
 
 FROM source AS build
-# go-nvml's C header marks old NVML calls deprecated; we call none of them.
+# NVML is built in only with the nvml tag (docs/energy.md, "Builds");
+# go-nvml's C header marks old NVML calls deprecated, and we call none.
 RUN CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" \
-    go build -trimpath -ldflags="-s -w" -o /out/tokentap ./cmd/sidecar
+    go build -tags nvml -trimpath -ldflags="-s -w" -o /out/tokentap ./cmd/sidecar
 
 FROM ${STATIC_RUNTIME_IMAGE} AS static
 COPY --from=build-static /out/tokentap /usr/local/bin/tokentap

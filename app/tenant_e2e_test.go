@@ -45,7 +45,7 @@ func tenantsAcceptance(t *testing.T, from string) {
 	const (
 		maxTenants = 10
 		random     = 50
-		secret     = "tenant-test-secret-0123456789"
+		secret     = "tenant-test-secret-0123456789abcdef"
 	)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "tenant.key")

@@ -404,7 +404,7 @@ func TestSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := os.Stat(p)
-	if st.Mode().Perm() != 0o600 || len(k1) != 32 {
+	if st.Mode().Perm() != 0o600 || len(k1) != 64 {
 		t.Errorf("generated secret: mode %v, %d bytes", st.Mode().Perm(), len(k1))
 	}
 	k2, err := LoadSecret(p)

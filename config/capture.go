@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/tokentap/tokentap/internal/secret"
 )
 
 // Capture is the workload capture section (docs/capture.md): one
@@ -20,9 +22,10 @@ import (
 type Capture struct {
 	// File is the trace file; empty: capture off.
 	File string `yaml:"file"`
-	// SecretFile holds the key of the prompt digests (hex, mode 0600),
-	// generated there when missing; empty: .tokentap-capture.key in the
-	// trace's directory.
+	// SecretFile holds the key of the prompt digests (its text, at least
+	// 32 bytes, mode 0600: package internal/secret's rules), generated
+	// there when missing; empty: .tokentap-capture.key in the trace's
+	// directory.
 	SecretFile string `yaml:"secret_file"`
 	// BlockSize is the tokens per hash id (AIPerf's --isl-block-size,
 	// GuideLLM's hash_id_block_size).
@@ -78,13 +81,8 @@ func (c Capture) Validate() []error {
 	if st, err := os.Stat(c.File); err == nil && !st.Mode().IsRegular() {
 		bad("capture.file: %q is not a regular file", c.File)
 	}
-	if st, err := os.Stat(c.Secret()); err == nil {
-		switch {
-		case !st.Mode().IsRegular():
-			bad("capture.secret_file: %q is not a regular file", c.Secret())
-		case st.Mode().Perm()&0o077 != 0:
-			bad("capture.secret_file: %q has mode %v, others may read the key; want 0600", c.Secret(), st.Mode().Perm())
-		}
+	if err := secret.Check(c.Secret()); err != nil {
+		bad("capture.secret_file: %v", err)
 	}
 	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
 		bad("capture.block_size: must be 1 to %d tokens (0: 512), got %d", 1<<20, c.BlockSize)

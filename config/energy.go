@@ -59,6 +59,11 @@ type DCGM struct {
 	// labels each GPU with the pod it is assigned to).
 	Pod       string `yaml:"pod"`
 	Namespace string `yaml:"namespace"`
+	// MaxBytes bounds one page of the exporter: a larger one (or one
+	// that never ends) is refused and counted (dcgm_too_large). 0 means
+	// 4 MiB; at most 1 GiB. Each scrape, the page read included, is also
+	// bounded in time by the energy interval (dcgm_timeout).
+	MaxBytes int64 `yaml:"max_bytes"`
 }
 
 // Validate returns one error per problem, naming the field.
@@ -78,6 +83,9 @@ func (c Energy) Validate() []error {
 		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
 			errs = append(errs, fmt.Errorf("energy.dcgm.url: must be an http(s) URL such as http://10.0.0.7:9400/metrics, got %q", u))
 		}
+	}
+	if m := c.DCGM.MaxBytes; m != 0 && (m < 4096 || m > 1<<30) {
+		errs = append(errs, fmt.Errorf("energy.dcgm.max_bytes: must be from 4096 to 1073741824 (1 GiB; 0: 4 MiB), got %d", m))
 	}
 	if c.Interval != 0 && c.Interval < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("energy.interval: must be at least 100ms (NVML refreshes power about every 100 ms), got %v", c.Interval))

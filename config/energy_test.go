@@ -18,6 +18,10 @@ func TestEnergySourceValidate(t *testing.T) {
 		{Energy{Source: "dcmg"}, `energy.source: must be auto, nvml, dcgm or off, got "dcmg"`},
 		{Energy{Source: "dcgm", DCGM: DCGM{URL: "10.0.0.7:9400"}}, "energy.dcgm.url: must be an http(s) URL"},
 		{Energy{DCGM: DCGM{URL: "ftp://x/metrics"}}, "energy.dcgm.url: must be an http(s) URL"},
+		{Energy{DCGM: DCGM{MaxBytes: 64 << 20}}, ""},
+		{Energy{DCGM: DCGM{MaxBytes: 100}}, "energy.dcgm.max_bytes: must be from 4096 to 1073741824"},
+		{Energy{DCGM: DCGM{MaxBytes: 2 << 30}}, "energy.dcgm.max_bytes: must be from 4096 to 1073741824"},
+		{Energy{DCGM: DCGM{MaxBytes: -1}}, "energy.dcgm.max_bytes: must be from 4096 to 1073741824"},
 	}
 	for _, c := range cases {
 		errs := c.e.Validate()

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+
+	"github.com/tokentap/tokentap/internal/secret"
 )
 
 // Tenant is the tenant section (docs/config.md, tenant): who each
@@ -26,8 +28,9 @@ type Tenant struct {
 	// ones are "_other". Zero means DefaultMaxTenants.
 	MaxTenants int `yaml:"max_tenants"`
 	// HashKeyFile keeps the secret of the keyed hash: read when it
-	// exists (it must be readable by its owner alone, mode 0600),
-	// created with a random secret otherwise.
+	// exists (its text, at least 32 bytes, readable by its owner alone,
+	// mode 0600: package internal/secret's rules), created with a random
+	// secret otherwise.
 	HashKeyFile string `yaml:"hash_key_file"`
 	// HashKey is the secret itself, instead of a file (its environment
 	// twin is TOKENTAP_TENANT_HASH_KEY); never printed.
@@ -119,6 +122,11 @@ func (t Tenant) Validate() []error {
 	}
 	if t.HashKeyFile != "" && t.HashKey != "" {
 		bad("tenant: hash_key_file and hash_key both set; set one")
+	}
+	if t.HashKeyFile != "" {
+		if err := secret.Check(t.HashKeyFile); err != nil {
+			bad("tenant.hash_key_file: %v", err)
+		}
 	}
 	if t.HashKey != "" && len(t.HashKey) < 16 {
 		bad("tenant.hash_key: at least 16 characters, got %d", len(t.HashKey))

@@ -99,7 +99,7 @@ cost:
 `
 
 // TestEveryPanelQueryReturnsData runs the sidecar binary in front of its
-// simulator, with SLOs, probes and the example price declared, plus (with cgo) a second sidecar in-process whose GPUs are
+// simulator, with SLOs, probes and the example price declared, plus (with cgo and the nvml tag) a second sidecar in-process whose GPUs are
 // go-nvml's mock (SYNTHETIC energy), drives bounded load through both,
 // lets two real Prometheus servers scrape them every second (one
 // ingesting classic buckets, one native histograms) with the shipped
@@ -138,7 +138,7 @@ func TestEveryPanelQueryReturnsData(t *testing.T) {
 
 	targets := []scrapeTarget{{job: "tokentap", addr: admin}}
 	proxies := []string{proxy}
-	// The second sidecar, with synthetic GPU energy (cgo builds only).
+	// The second sidecar, with synthetic GPU energy (cgo builds with the nvml tag only).
 	gpuTarget, gpuProxy := startSyntheticGPUSidecar(t, dir)
 	if gpuTarget != "" {
 		targets = append(targets, scrapeTarget{job: "tokentap-SYNTHETIC-gpu-mock", addr: gpuTarget})

@@ -48,6 +48,13 @@ type Config = config.Engine
 // MaxBody bounds one scrape's body.
 const MaxBody = 16 << 20
 
+// MaxLines bounds the lines of one scrape's text exposition (Prometheus
+// or OpenMetrics; a protobuf body is bounded by MaxBody only): the parse
+// into families costs about 500 bytes of heap a series (a 14 MB page of
+// 240,000 one-line series held 111 MiB), so the byte bound alone is not
+// one on memory. A vLLM or SGLang page is a few thousand lines.
+const MaxLines = 50_000
+
 // accept asks for the Prometheus text format first: its counter names
 // carry _total as the engine wrote them, which passthrough keeps.
 // OpenMetrics and protobuf are parsed too.
@@ -333,6 +340,9 @@ func (s *Scraper) get(ctx context.Context, path string) result {
 		return r
 	case len(body) > MaxBody:
 		r.reason, r.err = ReasonTooLarge, fmt.Errorf("%s: body over %d bytes", path, MaxBody)
+		return r
+	case path != "/api/ps" && expfmt.ResponseFormat(resp.Header).FormatType() != expfmt.TypeProtoDelim && bytes.Count(body, []byte{'\n'}) > MaxLines:
+		r.reason, r.err = ReasonTooLarge, fmt.Errorf("%s: body over %d lines", path, MaxLines)
 		return r
 	}
 	if path == "/api/ps" {

@@ -367,6 +367,9 @@ func testFailuresAndFallbacks(t *testing.T) {
 			http.Error(w, "boom", 500)
 		case r.URL.Path == "/metrics" && st == 201:
 			fmt.Fprint(w, "vllm:num_requests_running{ 1\n")
+		case r.URL.Path == "/metrics" && st == 202: // 1 MB, but more lines than MaxLines
+			fmt.Fprint(w, strings.Repeat("vllm:num_requests_running 1\n", MaxLines))
+			fmt.Fprint(w, "vllm:num_requests_waiting 0\n")
 		default:
 			http.NotFound(w, r)
 		}
@@ -395,6 +398,7 @@ func testFailuresAndFallbacks(t *testing.T) {
 	step(200, "tokentap_engine_up{engine=vllm,reason=ok}", nil)
 	step(500, "tokentap_engine_up{engine=vllm,reason=http_5xx}", map[string]float64{"http_5xx": 1})
 	step(201, "tokentap_engine_up{engine=vllm,reason=parse}", map[string]float64{"parse": 1})
+	step(202, "tokentap_engine_up{engine=vllm,reason=too_large}", map[string]float64{"too_large": 1})
 	step(0, "tokentap_engine_up{engine=vllm,reason=timeout}", map[string]float64{"timeout": 1})
 	step(404, "tokentap_engine_up{engine=vllm,reason=http_4xx}", map[string]float64{"http_4xx": 1}) // the path it knew went away
 	step(404, "tokentap_engine_up{engine=vllm,reason=no_metrics}", map[string]float64{"no_metrics": 1})

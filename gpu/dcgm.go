@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/tokentap/tokentap/config"
 )
@@ -46,6 +44,8 @@ type DCGMTarget struct {
 	URL            string
 	Pod, Namespace string
 	Selection      []string
+	// MaxBytes bounds one page; 0 means DefaultDCGMMaxBytes.
+	MaxBytes int64
 }
 
 // ResolveDCGM fills what c leaves empty from the environment the chart
@@ -55,7 +55,7 @@ type DCGMTarget struct {
 // sees no GPU itself, the case DCGM is for) is passed as nil: select by
 // pod. ok is false when there is no URL to be had.
 func ResolveDCGM(c config.DCGM, sel []string, getenv func(string) string) (t DCGMTarget, ok bool) {
-	t = DCGMTarget{URL: c.URL, Pod: c.Pod, Namespace: c.Namespace, Selection: sel}
+	t = DCGMTarget{URL: c.URL, Pod: c.Pod, Namespace: c.Namespace, Selection: sel, MaxBytes: c.MaxBytes}
 	if t.URL == "" {
 		t.URL = getenv("TOKENTAP_DCGM_URL")
 	}
@@ -82,7 +82,10 @@ func hostPort(ip string) string {
 
 // Faults logs each kind of energy-source fault once, with its reason,
 // and counts every occurrence in tokentap_gpu_source_errors_total{reason}.
-// Reasons: energy_off, dcgm_unreachable, gpu_missing, counter_reset.
+// Reasons: energy_off, gpu_missing, counter_reset, the exporter's
+// dcgm_unreachable, dcgm_timeout, dcgm_too_large, dcgm_too_many_gpus and
+// dcgm_malformed, and the values refused: value_nan, value_inf,
+// value_negative, value_out_of_range (docs/metrics.md).
 // A nil *Faults counts and logs nothing.
 type Faults struct {
 	log    *slog.Logger
@@ -99,7 +102,7 @@ func NewFaults(reg prometheus.Registerer, log *slog.Logger) *Faults {
 	}
 	f := &Faults{log: log, logged: map[string]bool{},
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_gpu_source_errors_total",
-			Help: "Energy source faults by reason (energy_off, dcgm_unreachable, gpu_missing, counter_reset); each reason is logged once."}, []string{"reason"})}
+			Help: "Energy source faults by reason (energy_off, gpu_missing, counter_reset, dcgm_unreachable, dcgm_timeout, dcgm_too_large, dcgm_too_many_gpus, dcgm_malformed, value_nan, value_inf, value_negative, value_out_of_range); each reason is logged once."}, []string{"reason"})}
 	if reg != nil {
 		reg.MustRegister(f.errs)
 	}
@@ -138,109 +141,225 @@ type dcgmSource struct {
 	client *http.Client
 	faults *Faults
 	infos  []DeviceInfo
+	ours   map[string]bool // the UUIDs of infos
 
-	// last scrape, keyed by UUID; set by Read(0). prevMJ is each GPU's
-	// last energy counter, for the counter-reset report.
-	cur    map[string]Reading
-	err    error
-	prevMJ map[string]uint64
+	// last scrape, keyed by UUID; set by Read(0). refused holds the
+	// GPUs whose energy or power value was refused in it, with the
+	// reason. prevMJ is each GPU's last energy counter, for the
+	// counter-reset report.
+	cur     map[string]*Reading
+	refused map[string]string
+	err     error
+	prevMJ  map[string]uint64
 }
 
 // OpenDCGM scrapes the exporter once and selects this pod's GPUs in it.
-// timeout bounds each scrape (0: 5 s). Faults (nil: none) receives the
-// faults of later scrapes. Read(0) scrapes; Read(i>0) reads the same
-// scrape, as the sampler reads device 0 first on every tick.
+// timeout bounds each scrape, the page read included (0: 5 s); t.MaxBytes
+// bounds each page (0: DefaultDCGMMaxBytes). Faults (nil: none) receives
+// the faults of later scrapes and the values refused. Read(0) scrapes;
+// Read(i>0) reads the same scrape, as the sampler reads device 0 first
+// on every tick.
 func OpenDCGM(ctx context.Context, t DCGMTarget, timeout time.Duration, faults *Faults) (Source, error) {
 	if timeout <= 0 {
 		timeout = 5 * time.Second
+	}
+	if t.MaxBytes <= 0 {
+		t.MaxBytes = DefaultDCGMMaxBytes
 	}
 	s := &dcgmSource{t: t, client: &http.Client{Timeout: timeout}, faults: faults, prevMJ: map[string]uint64{}}
 	if t.URL == "" {
 		return nil, fmt.Errorf("%w: no exporter URL (energy.dcgm.url, TOKENTAP_DCGM_URL or NODE_IP)", ErrNoDCGM)
 	}
-	fams, err := s.scrape(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoDCGM, err)
-	}
 	if t.Selection == nil && t.Pod == "" {
 		return nil, fmt.Errorf("%w: no pod to select GPUs by (energy.dcgm.pod or POD_NAME) and no device list", ErrNoDCGM)
 	}
 	seen := map[string]bool{}
-	for _, m := range fams[dcgmEnergy].GetMetric() {
-		l := labels(m)
-		uuid := l["UUID"]
-		if uuid == "" || seen[uuid] || !s.mine(l) {
-			continue
+	sc, err := s.scrape(ctx, s.mine, func(x *pageLine) {
+		if x.name != dcgmEnergy || seen[string(x.uuid)] {
+			return
 		}
+		uuid := string(x.uuid)
 		seen[uuid] = true // one entry per physical GPU (MIG instances repeat it)
-		idx, _ := strconv.Atoi(l["gpu"])
-		s.infos = append(s.infos, DeviceInfo{Index: idx, UUID: uuid, Name: l["modelName"]})
+		idx, _ := strconv.Atoi(string(x.gpu))
+		s.infos = append(s.infos, DeviceInfo{Index: idx, UUID: uuid, Name: string(x.model)})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoDCGM, err)
 	}
-	s.cur = readings(fams)
+	s.ours = seen
+	s.cur, s.refused = sc.cur, sc.refused
 	return s, nil
 }
 
 // mine reports whether a series' GPU is this pod's.
-func (s *dcgmSource) mine(l map[string]string) bool {
+func (s *dcgmSource) mine(x *pageLine) bool {
 	if s.t.Selection != nil {
-		return selected(s.t.Selection, l["gpu"], l["UUID"])
+		return selected(s.t.Selection, string(x.gpu), string(x.uuid))
 	}
-	return l["pod"] == s.t.Pod && (s.t.Namespace == "" || l["namespace"] == s.t.Namespace)
+	return string(x.pod) == s.t.Pod && (s.t.Namespace == "" || string(x.namespace) == s.t.Namespace)
 }
 
-func (s *dcgmSource) scrape(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+// scraped is one scrape's readings of the GPUs kept, keyed by UUID, and
+// the GPUs of which a value was refused, with the first reason.
+type scraped struct {
+	cur     map[string]*Reading
+	refused map[string]string
+}
+
+// Reasons a scrape or a value is refused, counted in
+// tokentap_gpu_source_errors_total{reason} (docs/metrics.md).
+const (
+	reasonUnreachable = "dcgm_unreachable"
+	reasonTimeout     = "dcgm_timeout"
+	reasonTooLarge    = "dcgm_too_large"
+	reasonTooMany     = "dcgm_too_many_gpus"
+	reasonMalformed   = "dcgm_malformed"
+	reasonNaN         = "value_nan"
+	reasonInf         = "value_inf"
+	reasonNegative    = "value_negative"
+	reasonOutOfRange  = "value_out_of_range"
+)
+
+// scrapeError is a scrape's failure with the reason it is counted by.
+type scrapeError struct {
+	reason string
+	err    error
+}
+
+func (e *scrapeError) Error() string { return e.err.Error() }
+func (e *scrapeError) Unwrap() error { return e.err }
+
+// scrape GETs the page and reads it as it arrives (scanPage: bounded by
+// t.MaxBytes and the client's timeout, nothing kept but the series read).
+// keep picks the GPUs whose series are read; each (nil: none) sees every
+// line kept, before its value is judged. A value that is not finite, is
+// negative or does not fit its reading is refused by name, counted and
+// logged (once per reason) through the Faults, and its GPU lacks that
+// field in this scrape.
+func (s *dcgmSource) scrape(ctx context.Context, keep func(*pageLine) bool, each func(*pageLine)) (scraped, error) {
+	sc := scraped{cur: map[string]*Reading{}, refused: map[string]string{}}
+	fail := func(reason string, err error) (scraped, error) {
+		return scraped{}, &scrapeError{reason, fmt.Errorf("GET %s: %w", s.t.URL, err)}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.t.URL, nil)
 	if err != nil {
-		return nil, err
+		return fail(reasonUnreachable, err)
 	}
-	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return nil, err
+		if isTimeout(err) {
+			return fail(reasonTimeout, err)
+		}
+		return fail(reasonUnreachable, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", s.t.URL, resp.Status)
+		return fail(reasonUnreachable, errors.New(resp.Status))
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %v", s.t.URL, err)
-	}
-	return fams, nil
-}
-
-func labels(m *dto.Metric) map[string]string {
-	l := make(map[string]string, len(m.GetLabel()))
-	for _, p := range m.GetLabel() {
-		l[p.GetName()] = p.GetValue()
-	}
-	return l
-}
-
-// readings turns a scrape into one Reading per GPU UUID.
-func readings(fams map[string]*dto.MetricFamily) map[string]Reading {
-	out := map[string]Reading{}
-	each := func(name string, set func(r *Reading, v float64)) {
-		for _, m := range fams[name].GetMetric() {
-			uuid := labels(m)["UUID"]
-			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
-			if uuid == "" || math.IsNaN(v) || v < 0 {
-				continue
-			}
-			r := out[uuid]
-			set(&r, v)
-			out[uuid] = r
+	var tooMany error
+	err = scanPage(resp.Body, s.t.MaxBytes, func(x *pageLine) {
+		if len(x.uuid) == 0 || !keep(x) || tooMany != nil {
+			return
 		}
+		r := sc.cur[string(x.uuid)] // a lookup by the line's bytes: no allocation
+		if r == nil {
+			if len(sc.cur) >= maxDCGMGPUs {
+				tooMany = fmt.Errorf("the page names more than %d GPUs of this pod", maxDCGMGPUs)
+				return
+			}
+			r = new(Reading)
+			sc.cur[string(x.uuid)] = r
+		}
+		if each != nil {
+			each(x)
+		}
+		v, reason := judge(x.name, x.value)
+		if reason != "" {
+			if _, ok := sc.refused[string(x.uuid)]; !ok {
+				sc.refused[string(x.uuid)] = reason
+			}
+			s.faults.Report(reason, fmt.Errorf("%s of gpu %s (%s) at %s is %q: refused", x.name, x.gpu, x.uuid, s.t.URL, clip(x.value)))
+		} else {
+			set(r, x.name, v)
+		}
+	}, func(name string, err error) {
+		if name != "" {
+			s.faults.Report(reasonMalformed, fmt.Errorf("%s at %s: line refused: %v", name, s.t.URL, err))
+		}
+	})
+	switch {
+	case errors.Is(err, errPageTooLarge):
+		return fail(reasonTooLarge, err)
+	case err != nil && isTimeout(err):
+		return fail(reasonTimeout, err)
+	case err != nil:
+		return fail(reasonUnreachable, err)
+	case tooMany != nil:
+		return fail(reasonTooMany, tooMany)
 	}
-	each(dcgmEnergy, func(r *Reading, v float64) { r.EnergyMJ, r.HasEnergy = uint64(v), true })
-	each(dcgmPower, func(r *Reading, v float64) { r.PowerMW, r.HasPower = uint32(math.Round(v*1e3)), true })
-	each(dcgmUtil, func(r *Reading, v float64) { r.UtilGPU = uint32(v) })
-	each(dcgmFBUsed, func(r *Reading, v float64) { r.MemUsed = uint64(v) << 20 })
-	each(dcgmSMClock, func(r *Reading, v float64) { r.SMClockMHz = uint32(v) })
-	each(dcgmMemClock, func(r *Reading, v float64) { r.MemClockMHz = uint32(v) })
-	each(dcgmTemp, func(r *Reading, v float64) { r.TempC = uint32(v) })
-	return out
+	return sc, nil
+}
+
+// isTimeout reports whether err is a scrape's timeout (the client's, or
+// the context's deadline).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// fieldMax is the largest value a series may hold and fit its Reading
+// field (uint64 mJ, uint32 mW, MiB shifted into bytes, uint32 others).
+func fieldMax(name string) float64 {
+	switch name {
+	case dcgmEnergy:
+		return math.MaxUint64
+	case dcgmPower:
+		return math.MaxUint32 / 1e3
+	case dcgmFBUsed:
+		return math.MaxUint64 >> 20
+	}
+	return math.MaxUint32
+}
+
+// judge parses a value and says why it is refused: value_nan, value_inf,
+// value_negative, value_out_of_range (too large for its field), or
+// dcgm_malformed (not a number). "" means taken.
+func judge(name string, text []byte) (float64, string) {
+	v, err := strconv.ParseFloat(string(text), 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return 0, reasonMalformed
+	case math.IsNaN(v):
+		return 0, reasonNaN
+	case math.IsInf(v, 0):
+		return 0, reasonInf
+	case v < 0:
+		return 0, reasonNegative
+	case v >= fieldMax(name):
+		return 0, reasonOutOfRange
+	}
+	return v, ""
+}
+
+// set puts a judged value into its Reading field.
+func set(r *Reading, name string, v float64) {
+	switch name {
+	case dcgmEnergy:
+		r.EnergyMJ, r.HasEnergy = uint64(v), true
+	case dcgmPower:
+		r.PowerMW, r.HasPower = uint32(math.Round(v*1e3)), true
+	case dcgmUtil:
+		r.UtilGPU = uint32(v)
+	case dcgmFBUsed:
+		r.MemUsed = uint64(v) << 20
+	case dcgmSMClock:
+		r.SMClockMHz = uint32(v)
+	case dcgmMemClock:
+		r.MemClockMHz = uint32(v)
+	case dcgmTemp:
+		r.TempC = uint32(v)
+	}
 }
 
 func (s *dcgmSource) Devices() []DeviceInfo { return s.infos }
@@ -251,29 +370,32 @@ func (s *dcgmSource) Origin() string { return "dcgm" }
 func (s *dcgmSource) Close() error { s.client.CloseIdleConnections(); return nil }
 
 // Read returns GPU i from the latest scrape; Read(0) scrapes first. An
-// unreachable exporter fails every GPU's read; a GPU missing from the
-// exposition fails its own. Both, and a counter that went down (a node
-// reboot), are reported to the Faults.
+// exporter that cannot be read (unreachable, too slow, a page too large)
+// fails every GPU's read; a GPU missing from the exposition fails its
+// own. Each, a value refused and a counter that went down (a node
+// reboot), is reported to the Faults with its reason.
 func (s *dcgmSource) Read(i int) (Reading, error) {
 	d := s.infos[i]
 	if i == 0 {
-		fams, err := s.scrape(context.Background())
-		s.cur, s.err = nil, err
-		if err != nil {
-			s.faults.Report("dcgm_unreachable", err)
-		} else {
-			s.cur = readings(fams)
+		sc, err := s.scrape(context.Background(), func(x *pageLine) bool { return s.ours[string(x.uuid)] }, nil)
+		s.cur, s.refused, s.err = sc.cur, sc.refused, err
+		if se := (*scrapeError)(nil); errors.As(err, &se) {
+			s.faults.Report(se.reason, err)
 		}
 	}
 	if s.err != nil {
 		return Reading{}, fmt.Errorf("gpu %d (%s): %w", d.Index, d.UUID, s.err)
 	}
-	r, ok := s.cur[d.UUID]
-	if !ok || (!r.HasEnergy && !r.HasPower) {
+	rp := s.cur[d.UUID]
+	if rp == nil || (!rp.HasEnergy && !rp.HasPower) {
+		if why, refused := s.refused[d.UUID]; refused { // counted when refused
+			return Reading{}, fmt.Errorf("gpu %d (%s): no energy or power value taken from %s (%s)", d.Index, d.UUID, s.t.URL, why)
+		}
 		err := fmt.Errorf("gpu %d (%s): not in the exposition of %s", d.Index, d.UUID, s.t.URL)
 		s.faults.Report("gpu_missing", err)
 		return Reading{}, err
 	}
+	r := *rp
 	if prev, had := s.prevMJ[d.UUID]; had && r.HasEnergy && r.EnergyMJ < prev {
 		s.faults.Report("counter_reset", fmt.Errorf("gpu %d (%s): energy counter went from %d to %d mJ (node reboot or driver reload); this interval integrates power", d.Index, d.UUID, prev, r.EnergyMJ))
 	}

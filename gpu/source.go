@@ -3,9 +3,10 @@
 // per window and per request, with the idle baseline kept apart.
 //
 // NVML sits behind the narrow Source interface. The NVML implementation
-// needs cgo (go-nvml loads libnvidia-ml.so.1 at run time); a build with
-// CGO_ENABLED=0, or a machine without a GPU or driver, gets a Source
-// error instead, and the sidecar runs on without energy.
+// needs cgo (go-nvml loads libnvidia-ml.so.1 at run time) and the nvml
+// build tag (go-nvml's compile is noisy: docs/energy.md, "Builds"); a
+// build without either, or a machine without a GPU or driver, gets a
+// Source error instead, and the sidecar runs on without energy.
 package gpu
 
 import (

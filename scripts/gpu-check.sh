@@ -19,7 +19,7 @@
 #      1 s collection adds up to one collection interval of error at each
 #      edge of the window). Exits 1 when either check failed.
 # Usage: scripts/gpu-check.sh [prebuilt-sidecar-binary]
-# (Build it where Go is: go build -o sidecar ./cmd/sidecar, with cgo.)
+# (Build it where Go is: go build -tags nvml -o sidecar ./cmd/sidecar, with cgo.)
 set -euo pipefail
 BIN=${1:-}
 OUTDIR=${OUT:-$(mktemp -d)}
@@ -27,7 +27,7 @@ LOAD_SECONDS=${LOAD_SECONDS:-30}
 TOLERANCE=${TOLERANCE:-0.05}
 DCGM_TOLERANCE=${DCGM_TOLERANCE:-0.10}
 if [ -z "$BIN" ]; then
-  go build -o "$OUTDIR/sidecar" ./cmd/sidecar
+  go build -tags nvml -o "$OUTDIR/sidecar" ./cmd/sidecar
   BIN=$OUTDIR/sidecar
 fi
 command -v nvidia-smi >/dev/null || { echo "gpu-check: nvidia-smi not found: no NVIDIA driver here"; exit 2; }

@@ -11,17 +11,15 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
-	"io/fs"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 
 	"github.com/tokentap/tokentap/config"
+	keyfile "github.com/tokentap/tokentap/internal/secret"
 	"github.com/tokentap/tokentap/stream"
 )
 
@@ -106,47 +104,16 @@ func New(cfg config.Tenant) (*Resolver, error) {
 // between replicas.
 func (t *Resolver) Ephemeral() bool { return t != nil && t.ephemeral }
 
-// LoadKey reads the secret kept in path (its text, surrounding space
-// trimmed), refusing a file that others than its owner may read; when
-// path does not exist it creates it, mode 0600, with 32 random bytes in
-// hex.
+// LoadKey reads the secret kept in path, creating it when path does not
+// exist, by the rules of package internal/secret (the file's text, at
+// least 32 bytes, a regular file only its owner may read; created
+// atomically with 32 random bytes in hex, never over another file).
 func LoadKey(path string) ([]byte, error) {
-	st, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		b := make([]byte, 32)
-		_, _ = rand.Read(b)
-		secret := hex.EncodeToString(b)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("tenant.hash_key_file: creating %s: %w", path, err)
-		}
-		_, err = f.WriteString(secret + "\n")
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("tenant.hash_key_file: writing %s: %w", path, err)
-		}
-		return []byte(secret), nil
-	}
+	k, err := keyfile.Load(path)
 	if err != nil {
 		return nil, fmt.Errorf("tenant.hash_key_file: %w", err)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("tenant.hash_key_file: %s is not a regular file", path)
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("tenant.hash_key_file: %s is mode %#o; it must be readable by its owner alone (chmod 600)", path, st.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("tenant.hash_key_file: %w", err)
-	}
-	k := strings.TrimSpace(string(b))
-	if len(k) < 16 {
-		return nil, fmt.Errorf("tenant.hash_key_file: %s holds %d characters; at least 16", path, len(k))
-	}
-	return []byte(k), nil
+	return k, nil
 }
 
 // Identify returns the identity of request r of the given API: a

@@ -69,13 +69,18 @@ func TestBadConfigExits2NamingEveryProblem(t *testing.T) {
 // so loudly, serves a streaming chat completion and fills /metrics; on
 // SIGTERM it exits 0. On a machine without an NVIDIA driver it says once
 // why energy is off and exports that exact state: nvml_unavailable for a
-// cgo build (NVML's library is missing), no_cgo for a CGO_ENABLED=0 one.
+// cgo build with the nvml tag (NVML's library is missing), no_cgo for a
+// CGO_ENABLED=0 one.
 func TestDefaultRunsSimulator(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("an NVIDIA driver is present: energy is on here (scripts/gpu-check.sh covers that case)")
 	}
-	for _, c := range []struct{ name, cgo, reason string }{{"cgo", "CGO_ENABLED=1", "nvml_unavailable"}, {"static", "CGO_ENABLED=0", "no_cgo"}} {
-		t.Run(c.name, func(t *testing.T) { runDefault(t, build(t, c.cgo), c.reason) })
+	for _, c := range []struct {
+		name   string
+		env    []string
+		reason string
+	}{{"cgo", []string{"CGO_ENABLED=1", "GOFLAGS=-tags=nvml"}, "nvml_unavailable"}, {"static", []string{"CGO_ENABLED=0"}, "no_cgo"}} {
+		t.Run(c.name, func(t *testing.T) { runDefault(t, build(t, c.env...), c.reason) })
 	}
 }
 
