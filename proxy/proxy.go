@@ -739,7 +739,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	format := formatOf(api)
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	enc := resp.Header.Get("Content-Encoding")
-	if api != record.APIOther && (enc == "" || enc == "identity") {
+	// A status that carries no answer (a redirect, a 204): its body is
+	// forwarded, never parsed or timed, whatever its Content-Type says.
+	answer := noAnswer(resp.StatusCode, api) == ""
+	if answer && api != record.APIOther && (enc == "" || enc == "identity") {
 		switch ct {
 		case "text/event-stream":
 			kind = bodySSE
@@ -752,7 +755,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		case "application/json":
 			kind = bodyJSON
 		}
-	} else if api != record.APIOther {
+	} else if answer && api != record.APIOther {
 		st.obs.TapFailed("content_encoding")
 		st.rec.TapFailed = "content_encoding"
 	}
@@ -775,7 +778,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 300 && kind != bodyOpaque {
 		st.tap.col = p.opts.Structure.Collector(&st.info.Declared)
 	}
-	if api != record.APIOther && resp.StatusCode < 300 {
+	if api != record.APIOther && resp.StatusCode < 300 && answer {
 		engineHeaders(resp.Header, st.rec, st.tap)
 	}
 	st.tap.capture = p.opts.Pipeline.Capturing()
@@ -892,6 +895,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	}
 	cutOutcome, cutType, cut := st.cutBy()
 	status := rec.HTTPStatus
+	none := noAnswer(status, rec.API)
 	switch {
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		rec.Outcome, rec.ErrorType = record.Rejected, record.ErrRejected
@@ -902,6 +906,11 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		if status >= 500 {
 			rec.ErrorType = record.ErrHTTP5xx
 		}
+	case none != "" && t.eof:
+		rec.Outcome, rec.ErrorType = record.NoAnswer, none
+	case t.eof && rec.FirstByte.IsZero() && rec.API != record.APIOther && status < 300:
+		// An answer status with no byte of body: nothing was answered.
+		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrEmptyBody
 	case t.streamErr:
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrStreamError
 		if t.rejection {
@@ -946,6 +955,27 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	default:
 		terminalAt(now)
 	}
+}
+
+// noAnswer returns the error type of a response status that carries no
+// answer to a request of api, or "" when it may carry one (or is an
+// error status, which the outcome rules classify). docs/measurement.md
+// §3, "Which statuses are answers": on a generation route only 200, 201
+// and 203 carry an answer; every 3xx (a redirect, which the sidecar never
+// follows; a 304) carries none on any route; a final 1xx never reaches
+// here (net/http reads past it, and a 101 is a protocol switch).
+func noAnswer(status int, api record.API) string {
+	switch {
+	case status >= 300 && status < 400:
+		return record.ErrHTTP3xx
+	case status >= 400:
+		return ""
+	case api == record.APIOther:
+		return "" // any 2xx answers a route the tap does not parse (a 204 to a DELETE)
+	case status == http.StatusOK || status == http.StatusCreated || status == http.StatusNonAuthoritativeInfo:
+		return ""
+	}
+	return record.ErrNoAnswerStatus
 }
 
 // cutBy says who ended a request before its body was done, if anyone

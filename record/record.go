@@ -22,6 +22,12 @@ const (
 	Rejected  Outcome = "rejected"
 	Cancelled Outcome = "cancelled"
 	Timeout   Outcome = "timeout"
+	// NoAnswer is a response whose status carries no answer for the API
+	// (a redirect or another 3xx, a 2xx other than 200, 201 and 203 to a
+	// generation request) or an answer status with an empty body
+	// (docs/measurement.md §3, "Which statuses are answers"). Never a
+	// success, never qualified for an SLO.
+	NoAnswer Outcome = "no_answer"
 	// NotSent is the canary probe's record of a scheduled probe that could
 	// not be sent (docs/measurement.md §7). It is never a proxied request's
 	// outcome and never counted as one.
@@ -41,8 +47,11 @@ const (
 	ErrShutdown        = "shutdown"          // cut when the shutdown grace period was over
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
-	ErrUpstreamTLS     = "upstream_tls" // the upstream's certificate failed verification, or its TLS handshake failed (egress)
-	ErrInternal        = "internal"     // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
+	ErrUpstreamTLS     = "upstream_tls"   // the upstream's certificate failed verification, or its TLS handshake failed (egress)
+	ErrInternal        = "internal"       // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
+	ErrHTTP3xx         = "http_3xx"       // no_answer: a redirect, a 304, any 3xx
+	ErrNoAnswerStatus  = "http_no_answer" // no_answer: a 2xx other than 200, 201 and 203 to a generation request (202, 204, 205, 206 ...)
+	ErrEmptyBody       = "empty_body"     // no_answer: an answer status whose body had no byte
 )
 
 // API names the request's route, a bounded label.

@@ -14,7 +14,8 @@ import (
 )
 
 // Threshold names, a bounded set used as the "threshold" label. The
-// outcome names (error, rejected, timeout, cancelled) are reasons too.
+// outcome names (error, rejected, timeout, cancelled, no_answer) are
+// reasons too.
 const (
 	TTFT         = "ttft"
 	TTFOT        = "ttfot"

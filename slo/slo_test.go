@@ -119,8 +119,9 @@ func TestVerdictNonStreamingSkipsStreamThresholds(t *testing.T) {
 	}
 }
 
-// Errors, rejections and timeouts stay in the denominator as failures;
-// cancellations too by default, or are excluded (and counted) when the
+// Errors, rejections, timeouts and responses that carry no answer (a
+// redirect: issue 40) stay in the denominator as failures; cancellations
+// too by default, or are excluded (and counted) when the
 // SLO says so.
 func TestDenominator(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -134,6 +135,7 @@ func TestDenominator(t *testing.T) {
 	m := exporter.New(exporter.Config{SLOs: []string{"chat", "no-cancel"}})
 	for _, r := range []*record.Record{
 		good(), rec(record.Error, 0), rec(record.Rejected, 0), rec(record.Timeout, 1, 100), rec(record.Cancelled, 2, 100, 130),
+		rec(record.NoAnswer, 0),
 	} {
 		judged(j, r)
 		m.Publish(r, record.Key{API: r.API, Model: r.Model, Traffic: r.Traffic})
@@ -163,20 +165,20 @@ func TestDenominator(t *testing.T) {
 			t.Errorf("%s = %v, want %v", what, got, want)
 		}
 	}
-	check("offered chat", "tokentap_slo_requests_total", 5, "chat")
+	check("offered chat", "tokentap_slo_requests_total", 6, "chat")
 	check("qualified chat", "tokentap_slo_qualified_requests_total", 1, "chat")
-	for _, o := range []string{"error", "rejected", "timeout", "cancelled"} {
+	for _, o := range []string{"error", "rejected", "timeout", "cancelled", "no_answer"} {
 		check("failures chat "+o, "tokentap_slo_failures_total", 1, "chat", o)
 	}
-	check("offered no-cancel", "tokentap_slo_requests_total", 4, "no-cancel")
+	check("offered no-cancel", "tokentap_slo_requests_total", 5, "no-cancel")
 	check("excluded no-cancel", "tokentap_slo_excluded_total", 1, "cancelled", "no-cancel")
 	check("qualified tokens", "tokentap_slo_qualified_output_tokens_total", 5, "chat")
 	p := book.Status(time.Now())
-	if p.SLOs[0].Offered != 5 || p.SLOs[0].Qualified != 1 || p.SLOs[1].Offered != 4 || *p.SLOs[0].Attainment != 0.2 {
+	if p.SLOs[0].Offered != 6 || p.SLOs[0].Qualified != 1 || p.SLOs[1].Offered != 5 || math.Abs(*p.SLOs[0].Attainment-1.0/6) > 1e-12 {
 		t.Fatalf("window view %+v", p.SLOs)
 	}
 	if p.SLOs[0].Verdict != "missed" {
-		t.Fatalf("1/5 against 0.95: verdict %s", p.SLOs[0].Verdict)
+		t.Fatalf("1/6 against 0.95: verdict %s", p.SLOs[0].Verdict)
 	}
 }
 

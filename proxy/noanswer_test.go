@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tokentap/tokentap/record"
+)
+
+// Which statuses are answers (docs/measurement.md §3): on a generation
+// route only 200, 201 and 203; every 3xx on any route; any 2xx on a route
+// the tap does not parse; error statuses are left to the error rules.
+func TestNoAnswerStatusTable(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		api    record.API
+		want   string
+	}{
+		{200, record.APIChat, ""}, {201, record.APIMessages, ""}, {203, record.APIChat, ""},
+		{202, record.APIChat, record.ErrNoAnswerStatus}, {204, record.APIMessages, record.ErrNoAnswerStatus},
+		{205, record.APIChat, record.ErrNoAnswerStatus}, {206, record.APIChat, record.ErrNoAnswerStatus},
+		{207, record.APIResponses, record.ErrNoAnswerStatus}, {299, record.APIChat, record.ErrNoAnswerStatus},
+		{300, record.APIChat, record.ErrHTTP3xx}, {301, record.APIChat, record.ErrHTTP3xx}, {304, record.APIMessages, record.ErrHTTP3xx},
+		{307, record.APIOther, record.ErrHTTP3xx}, {308, record.APIOther, record.ErrHTTP3xx}, {399, record.APIChat, record.ErrHTTP3xx},
+		{204, record.APIOther, ""}, {202, record.APIOther, ""},
+		{400, record.APIChat, ""}, {429, record.APIChat, ""}, {503, record.APIOther, ""},
+	} {
+		if got := noAnswer(c.status, c.api); got != c.want {
+			t.Errorf("noAnswer(%d, %s) = %q, want %q", c.status, c.api, got, c.want)
+		}
+	}
+}
+
+// On a route the tap does not parse, a redirect is still no answer, and
+// a 204 (to a DELETE, say) is one; the client gets both as sent.
+func TestNoAnswerOnOtherRoutes(t *testing.T) {
+	for _, c := range []struct {
+		method, path string
+		status       int
+		outcome      record.Outcome
+		errorType    string
+	}{
+		{http.MethodGet, "/v1/models", http.StatusFound, record.NoAnswer, record.ErrHTTP3xx},
+		{http.MethodGet, "/v1/models", http.StatusNotModified, record.NoAnswer, record.ErrHTTP3xx},
+		{http.MethodDelete, "/v1/files/f", http.StatusNoContent, record.Success, ""},
+		{http.MethodGet, "/v1/models", http.StatusOK, record.Success, ""}, // an empty 200 on another route answers it
+	} {
+		fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c.status/100 == 3 {
+				w.Header().Set("Location", "http://127.0.0.1:1/elsewhere")
+			}
+			w.WriteHeader(c.status)
+		}), Options{})
+		req, _ := http.NewRequest(c.method, fs.URL+c.path, strings.NewReader(""))
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		r := only(t, sink)
+		if resp.StatusCode != c.status || r.HTTPStatus != c.status || r.Outcome != c.outcome || r.ErrorType != c.errorType || r.API != record.APIOther {
+			t.Errorf("%s %s answered %d: client %d, record %d %s/%s api %s; want %s/%s", c.method, c.path, c.status,
+				resp.StatusCode, r.HTTPStatus, r.Outcome, r.ErrorType, r.API, c.outcome, c.errorType)
+		}
+	}
+}
