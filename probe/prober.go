@@ -382,6 +382,9 @@ func (o *observer) check(r *record.Record) {
 		}
 	} else {
 		res.Failure = fmt.Sprintf("outcome %s (%s), HTTP %d", r.Outcome, r.ErrorType, r.HTTPStatus)
+		if r.ErrorType == record.ErrHTTP3xx {
+			res.Failure = fmt.Sprintf("redirect not followed: HTTP %d to %s (outcome %s)", r.HTTPStatus, location(o.cw.h.Get("Location")), r.Outcome)
+		}
 		res.Detail = errorDetail(o.cw.body.Bytes())
 	}
 	res.Result = ResultSuccess
@@ -393,6 +396,26 @@ func (o *observer) check(r *record.Record) {
 	}
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: o.scheduled, Result: res.Result, Check: res.Check, Failure: res.Failure}
 	o.p.finish(o.s, res)
+}
+
+// location is a redirect's Location as a probe's failure names it: its
+// scheme, host and path, without credentials, query or fragment (a signed
+// URL's token), quoted, its first 200 bytes. A probe never follows a redirect: a
+// 3xx carries no answer (docs/measurement.md §3).
+func location(raw string) string {
+	u, err := url.Parse(raw)
+	switch {
+	case raw == "":
+		return "no Location"
+	case err != nil:
+		return "an unparseable Location"
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	s := u.String()
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return strconv.Quote(s) // a cut rune or a control byte is escaped
 }
 
 func msf(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
