@@ -85,7 +85,7 @@ func demoRate(d config.Demo) float64 {
 // done and its requests have ended.
 func demoLoad(ctx context.Context, addr, model string, rate float64, seed uint64) {
 	const maxInFlight = 32
-	client := &http.Client{Timeout: time.Minute}
+	client := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	rng := rand.New(rand.NewPCG(seed, 0xde70))
 	sem := make(chan struct{}, maxInFlight)
 	var wg sync.WaitGroup

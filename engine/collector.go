@@ -12,7 +12,7 @@ import (
 var (
 	lEngine = []string{"engine"}
 	dUp     = prometheus.NewDesc("tokentap_engine_up",
-		"1 if the last scrape of the engine's metrics (or Ollama's /api/ps) succeeded, else 0; reason says why (ok, api_ps, timeout, connect, http_4xx, http_5xx, parse, too_large, no_metrics, not_started).",
+		"1 if the last scrape of the engine's metrics (or Ollama's /api/ps) succeeded, else 0; reason says why (ok, api_ps, timeout, connect, http_3xx, http_4xx, http_5xx, parse, too_large, no_metrics, not_started).",
 		[]string{"engine", "reason"}, nil)
 	dDuration = prometheus.NewDesc("tokentap_engine_scrape_duration_seconds", "Duration of the last scrape of the engine's metrics.", nil, nil)
 	gauges    = []struct {

@@ -66,6 +66,7 @@ const (
 	ReasonAPIPS     = "api_ps" // Ollama: no /metrics, state read from /api/ps
 	ReasonTimeout   = "timeout"
 	ReasonConnect   = "connect"
+	ReasonHTTP3xx   = "http_3xx" // a redirect: never followed (docs/measurement.md §3)
 	ReasonHTTP4xx   = "http_4xx"
 	ReasonHTTP5xx   = "http_5xx"
 	ReasonParse     = "parse"
@@ -74,7 +75,7 @@ const (
 	ReasonStopped   = "not_started"
 )
 
-var failureReasons = []string{ReasonTimeout, ReasonConnect, ReasonHTTP4xx, ReasonHTTP5xx, ReasonParse, ReasonTooLarge, ReasonNoMetrics}
+var failureReasons = []string{ReasonTimeout, ReasonConnect, ReasonHTTP3xx, ReasonHTTP4xx, ReasonHTTP5xx, ReasonParse, ReasonTooLarge, ReasonNoMetrics}
 
 // Options configure a Scraper.
 type Options struct {
@@ -119,14 +120,16 @@ func New(o Options) *Scraper {
 		reason: ReasonStopped, follow: map[string]*follower{}}
 	if s.client == nil {
 		s.client = &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
-			MaxIdleConns: 2, IdleConnTimeout: 2 * cfg.Interval, ResponseHeaderTimeout: cfg.Timeout}}
+			MaxIdleConns: 2, IdleConnTimeout: 2 * cfg.Interval, ResponseHeaderTimeout: cfg.Timeout},
+			// A redirect is not followed: its target is not the engine.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.kind = s.fixed
 	s.failures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokentap_engine_scrape_failures_total",
-		Help: "Scrapes of the engine's metrics that failed, by reason (timeout, connect, http_4xx, http_5xx, parse, too_large, no_metrics)."}, []string{"reason"})
+		Help: "Scrapes of the engine's metrics that failed, by reason (timeout, connect, http_3xx, http_4xx, http_5xx, parse, too_large, no_metrics)."}, []string{"reason"})
 	for _, r := range failureReasons {
 		s.failures.WithLabelValues(r)
 	}
@@ -283,11 +286,12 @@ func (s *Scraper) fetch(ctx context.Context) result {
 	var last result
 	for _, p := range paths {
 		r := s.get(ctx, p)
-		if r.reason == ReasonHTTP4xx && detecting {
+		absent := r.reason == ReasonHTTP4xx || r.reason == ReasonHTTP3xx
+		if absent && detecting {
 			last = r
 			continue
 		}
-		if r.reason == ReasonHTTP4xx && s.cfg.Path == "" {
+		if absent && s.cfg.Path == "" {
 			s.mu.Lock()
 			s.path = "" // the endpoint went away: detect again next time
 			s.mu.Unlock()
@@ -325,7 +329,10 @@ func (s *Scraper) get(ctx context.Context, path string) result {
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		r.reason, r.err = ReasonHTTP5xx, fmt.Errorf("%s answered %s", path, resp.Status)
-		if resp.StatusCode < 500 {
+		switch {
+		case resp.StatusCode < 400:
+			r.reason = ReasonHTTP3xx
+		case resp.StatusCode < 500:
 			r.reason = ReasonHTTP4xx
 		}
 		return r

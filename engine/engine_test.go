@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -492,4 +493,37 @@ func TestRunIsBounded(t *testing.T) {
 			t.Errorf("scrapes at %v, want %v", at, want)
 		}
 	})
+}
+
+// A metrics endpoint that redirects is a failed scrape, http_3xx, and
+// the redirect is not followed, by the scraper's own client: its target
+// is never asked (issue 40). While detecting, a redirect is a path the
+// engine does not have.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	var hits atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprint(w, "vllm:num_requests_running 1\n")
+	}))
+	defer target.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	for _, c := range []struct{ path, reason string }{{"/metrics", ReasonHTTP3xx}, {"", ReasonNoMetrics}} {
+		reg := prometheus.NewRegistry()
+		cfg := config.EngineDefaults()
+		cfg.Path = c.path
+		s := New(Options{Config: cfg, Upstream: u, Registry: reg})
+		s.Scrape(context.Background())
+		got := series(t, reg)
+		up, ok := got["tokentap_engine_up{engine=unknown,reason="+c.reason+"}"]
+		if !ok || up != 0 || got["tokentap_engine_scrape_failures_total{reason="+c.reason+"}"] != 1 {
+			t.Errorf("path %q: want engine_up 0 and one failure, reason %s; %v", c.path, c.reason, got)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the redirect's target was scraped %d times", n)
+	}
 }

@@ -283,10 +283,12 @@ func Main(ctx context.Context, args []string, env Env) error {
 }
 
 // reachable checks that the target accepts a connection (a GET of its
-// base URL, any answer will do), so that an unreachable target is said
-// at once, not as every request's failure.
+// base URL, any answer will do, a redirect too, which is not followed:
+// its target is not the one named), so that an unreachable target is
+// said at once, not as every request's failure.
 func reachable(ctx context.Context, target *url.URL, rt http.RoundTripper) error {
-	c := &http.Client{Transport: rt, Timeout: 10 * time.Second}
+	c := &http.Client{Transport: rt, Timeout: 10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
 	resp, err := c.Do(req)
 	if err != nil {

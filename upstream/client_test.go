@@ -21,8 +21,8 @@ import (
 // One client for everything the sidecar asks the engine: the health
 // check, detection, the model list and the engine metrics scraper given
 // Client and URL all go over one connection (keep-alive), each with the
-// URL's credentials exactly once; the credentials are on no URL and not
-// on a redirect to another host.
+// URL's credentials exactly once; the credentials are on no URL, and a
+// redirect to another host is not followed (issue 40).
 func TestOneClient(t *testing.T) {
 	var elsewhere atomic.Value
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -91,8 +91,8 @@ tokentap_engine_requests_running{engine="vllm"} 3
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if a, _ := elsewhere.Load().([]string); len(a) != 0 {
-		t.Errorf("a redirect to another host carried Authorization %q", a)
+	if a, asked := elsewhere.Load().([]string); asked || resp.StatusCode != http.StatusFound {
+		t.Errorf("a redirect to another host was followed (Authorization %q), the client got %d; want the 302 itself", a, resp.StatusCode)
 	}
 	// A request that brings its own Authorization keeps it.
 	req, _ := http.NewRequest("GET", u.url("/health"), nil)

@@ -3,6 +3,7 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -151,3 +153,29 @@ type probes struct {
 }
 
 func (p probes) Ready() (bool, string) { return p.ok, p.why }
+
+// A health endpoint that redirects is not ready, whatever the target
+// would say: the redirect is not followed (its target is never asked)
+// and /readyz names the 3xx (issue 40).
+func TestHealthRedirectIsNotReady(t *testing.T) {
+	var hits atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		io.WriteString(w, "ok")
+	}))
+	defer target.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	base, _ := url.Parse(srv.URL)
+	for _, path := range []string{"/health", HealthAuto} {
+		code, body := readyz(t, readiness(base, path, nil))
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "GET "+srv.URL+"/health answered 307 Temporary Redirect") {
+			t.Errorf("health path %q: /readyz %d %q; want 503 naming the 307", path, code, body)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the redirect's target was asked %d times", n)
+	}
+}

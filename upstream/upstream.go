@@ -83,7 +83,10 @@ func New(o Options) *Upstream {
 		rt = &basicAuth{next: rt, host: o.URL.Host,
 			auth: "Basic " + base64.StdEncoding.EncodeToString([]byte(o.URL.User.Username()+":"+pw))}
 	}
-	u.client = &http.Client{Transport: rt}
+	// A redirect is never followed: its target is not the engine, and a
+	// health check answered by another host says nothing of this one. The
+	// 3xx itself is the answer (not ready; docs/measurement.md §3).
+	u.client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	u.health.path = o.HealthPath
 	if u.health.path == "" || u.health.path == HealthAuto {
 		u.health.auto, u.health.path = true, ""
