@@ -165,7 +165,7 @@ var (
 
 var specs = [numInstruments]Spec{
 	Requests: {Prom: "tokentap_requests_total", OTel: "tokentap.requests", Unit: "{request}", Counter: true, Labels: withExtra(LOutcome),
-		Help: "Finished requests by outcome (success, error, rejected, cancelled, timeout). gen_ai_operation_name=\"other\" counts routes passed through untouched."},
+		Help: "Finished requests by outcome (success, error, rejected, cancelled, timeout, no_answer: a status that carries no answer, such as a redirect). gen_ai_operation_name=\"other\" counts routes passed through untouched."},
 	Duration: {Prom: "gen_ai_server_request_duration_seconds", OTel: "gen_ai.server.request.duration", Unit: "s", Buckets: e2eBuckets, Labels: withExtra(LErrorType), Exemplar: true,
 		Help: "End-to-end latency: request arrival to the terminal outcome (end marker, EOF, error, cancel or timeout), for every request."},
 	TTFB: {Prom: "tokentap_time_to_first_byte_seconds", OTel: "tokentap.time_to_first_byte", Unit: "s", Buckets: ttftBuckets, Labels: base,
@@ -197,7 +197,7 @@ var specs = [numInstruments]Spec{
 	SLOQualifiedTokens: {Prom: "tokentap_slo_qualified_output_tokens_total", OTel: "tokentap.slo.qualified_output_tokens", Unit: "{token}", Counter: true, Labels: []Label{LSLO},
 		Help: "Output tokens of qualified requests: rate() of it is token goodput."},
 	SLOFailures: {Prom: "tokentap_slo_failures_total", OTel: "tokentap.slo.failures", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LThreshold},
-		Help: "Offered requests that did not qualify, by reason: each failed threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens), the outcome (error, rejected, timeout, cancelled), or under structure: required each failed structure check (tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large). A request failing two counts under both."},
+		Help: "Offered requests that did not qualify, by reason: each failed threshold (ttft, ttfot, tpot, e2e, max_itl, fluidity, output_tokens), the outcome (error, rejected, timeout, cancelled, no_answer), or under structure: required each failed structure check (tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large). A request failing two counts under both."},
 	SLOExcluded: {Prom: "tokentap_slo_excluded_total", OTel: "tokentap.slo.excluded", Unit: "{request}", Counter: true, Labels: []Label{LSLO, LReason},
 		Help: "Requests in scope left out of the denominator by the SLO's declared options (reason=cancelled when count_cancelled is false)."},
 	Fluidity: {Prom: "tokentap_fluidity_ratio", OTel: "tokentap.fluidity", Unit: "1", Buckets: fluidityBuckets, Labels: []Label{LSLO},

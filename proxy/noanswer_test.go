@@ -3,6 +3,8 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"testing"
 
@@ -66,5 +68,62 @@ func TestNoAnswerOnOtherRoutes(t *testing.T) {
 			t.Errorf("%s %s answered %d: client %d, record %d %s/%s api %s; want %s/%s", c.method, c.path, c.status,
 				resp.StatusCode, r.HTTPStatus, r.Outcome, r.ErrorType, r.API, c.outcome, c.errorType)
 		}
+	}
+}
+
+// A 1xx never ends a request (docs/measurement.md §3): an interim 103
+// before a redirect is passed on to the client, and the request is the
+// final status's, no_answer; a 100 before a stream is a success; a 101
+// the client did not ask for is refused, a 502, error/upstream_reset.
+func TestInterimStatuses(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		h         http.HandlerFunc
+		status    int // the final status the client and the record see
+		outcome   record.Outcome
+		errorType string
+	}{
+		{"103 then 307", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</x>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Location", "http://127.0.0.1:1/elsewhere")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+		}, http.StatusTemporaryRedirect, record.NoAnswer, record.ErrHTTP3xx},
+		{"100 then a stream", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusContinue)
+			sse("data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n", "data: [DONE]\n\n")(w, r)
+		}, http.StatusOK, record.Success, ""},
+		{"101 not asked for", func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+			buf.Flush()
+		}, http.StatusBadGateway, record.Error, record.ErrUpstreamReset},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs, sink := front(t, c.h, Options{})
+			var interim []int
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			req, _ := http.NewRequest(http.MethodPost, fs.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+				Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { interim = append(interim, code); return nil }}))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			r := only(t, sink)
+			if resp.StatusCode != c.status || r.HTTPStatus != c.status || r.Outcome != c.outcome || r.ErrorType != c.errorType {
+				t.Errorf("client %d, record %d %s/%s; want %d %s/%s", resp.StatusCode, r.HTTPStatus, r.Outcome, r.ErrorType, c.status, c.outcome, c.errorType)
+			}
+			if c.name == "103 then 307" && (len(interim) != 1 || interim[0] != http.StatusEarlyHints) {
+				t.Errorf("the client saw interim statuses %v, want [103]", interim)
+			}
+		})
 	}
 }

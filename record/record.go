@@ -277,7 +277,7 @@ type Verdict struct {
 	// (client cancellations, when count_cancelled is false).
 	Excluded bool
 	// Failed names each threshold that failed, or the outcome
-	// (error, rejected, timeout, cancelled) when it was not success, and
+	// (error, rejected, timeout, cancelled, no_answer) when it was not success, and
 	// under structure: required each structure check that failed
 	// (StructureFailed).
 	Failed []string

@@ -70,7 +70,7 @@ type tally struct {
 	scheduled, sent        int64
 	notSent                map[string]int64 // by reason
 	answered               int64            // outcome success
-	failed                 map[string]int64 // by outcome (error, rejected, timeout, cancelled) and error type
+	failed                 map[string]int64 // by outcome (error, rejected, timeout, cancelled, no_answer) and error type
 	lengthChecked          int64            // answered with an output_length and a known count
 	lengthMismatch         int64            // of those, output tokens ≠ output_length
 	lengthUnknown          int64            // answered with no output token count
