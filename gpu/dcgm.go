@@ -166,7 +166,10 @@ func OpenDCGM(ctx context.Context, t DCGMTarget, timeout time.Duration, faults *
 	if t.MaxBytes <= 0 {
 		t.MaxBytes = DefaultDCGMMaxBytes
 	}
-	s := &dcgmSource{t: t, client: &http.Client{Timeout: timeout}, faults: faults, prevMJ: map[string]uint64{}}
+	s := &dcgmSource{t: t, client: &http.Client{Timeout: timeout,
+		// A redirect is no page: followed, it could take the scrape off
+		// the node (docs/measurement.md §3, "Which statuses are answers").
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, faults: faults, prevMJ: map[string]uint64{}}
 	if t.URL == "" {
 		return nil, fmt.Errorf("%w: no exporter URL (energy.dcgm.url, TOKENTAP_DCGM_URL or NODE_IP)", ErrNoDCGM)
 	}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -387,4 +388,26 @@ func TestFaultsEnergyOff(t *testing.T) {
 	}
 	var nilFaults *Faults
 	nilFaults.Report("energy_off", nil) // a nil *Faults does nothing
+}
+
+// An exporter answering with a redirect is no energy source, the error
+// names the status, and the place it points to is never asked.
+func TestDCGMRedirectNotFollowed(t *testing.T) {
+	var asked atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) }))
+	t.Cleanup(elsewhere.Close)
+	redirect := httptest.NewServer(http.RedirectHandler(elsewhere.URL+"/metrics", http.StatusTemporaryRedirect))
+	t.Cleanup(redirect.Close)
+	f := NewFaults(prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	src, err := OpenDCGM(context.Background(), DCGMTarget{URL: redirect.URL + "/metrics", Pod: "vllm-0", Namespace: "llm"}, time.Second, f)
+	if err == nil {
+		src.Close()
+		t.Fatal("a redirecting exporter opened as an energy source")
+	}
+	if !strings.Contains(err.Error(), "307") {
+		t.Errorf("OpenDCGM: %v, want it to name the 307", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the redirect's target was asked %d times, want 0", n)
+	}
 }
