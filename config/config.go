@@ -431,6 +431,7 @@ func (c *Config) Validate() []error {
 	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		bad("listen and admin_listen are both %q", c.Listen)
 	}
+	errs = append(errs, c.loops()...)
 	if c.Records != "" && c.Records != "-" {
 		if st, err := os.Stat(filepath.Dir(c.Records)); err != nil || !st.IsDir() {
 			bad("records: directory of %q does not exist", c.Records)
