@@ -78,7 +78,9 @@ func TestProbeURLLoopRefused(t *testing.T) {
 // an interface's address on its port is the same endpoint, another
 // host's is not.
 func TestSameEndpointInterfaces(t *testing.T) {
-	local := func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("fd00::7")} }
+	local := func() []netip.Addr {
+		return []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("fd00::7")}
+	}
 	for _, c := range []struct {
 		host, port, listen string
 		want               bool
