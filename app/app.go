@@ -150,6 +150,9 @@ type Sidecar struct {
 	// front of a real engine.
 	synthetic string
 	trend     *slo.Trend
+	// via is this process's pseudonym in the Via header
+	// (proxy.Options.Via).
+	via string
 }
 
 func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
@@ -232,8 +235,12 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}
 	up, _ := url.Parse(s.addrs.Upstream)
 	s.metrics = metrics
+	// This process's pseudonym in the Via header of everything it sends
+	// upstream: a request that comes back with it is a loop, answered
+	// 508 (proxy.Options.Via; docs/config.md, "Loops").
+	s.via = "tokentap-" + randomHex(6)
 	s.up = upstream.New(upstream.Options{URL: up, HealthPath: cfg.UpstreamHealthPath, Kind: cfg.Engine.Kind, Registry: metrics.Registry,
-		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log})
+		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log, Via: s.via})
 
 	// Record sinks.
 	var sinks []record.Sink
@@ -343,6 +350,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Ends:            &s.ends,
 		Structure:       s.structure,
 		Tenants:         s.proxyTenants(),
+		Via:             s.via,
 	})
 	if err != nil {
 		return nil, err
@@ -377,7 +385,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	probes = probes.WithDefaults(cfg.Simulator.Model)
 	s.nprobes = len(probes.Probes)
 	sidecarURL, _ := url.Parse("http://" + s.addrs.Proxy)
-	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
+	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret, Via: s.via,
 		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv, Synthetic: synthetic})
 
 	// Admin endpoints.

@@ -41,8 +41,9 @@ const (
 	ErrShutdown        = "shutdown"          // cut when the shutdown grace period was over
 	ErrTimeout         = "timeout"
 	ErrCancelled       = "cancelled"
-	ErrUpstreamTLS     = "upstream_tls" // the upstream's certificate failed verification, or its TLS handshake failed (egress)
-	ErrInternal        = "internal"     // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
+	ErrUpstreamTLS     = "upstream_tls"  // the upstream's certificate failed verification, or its TLS handshake failed (egress)
+	ErrInternal        = "internal"      // the sidecar's own fault: its handler panicked (answered 502 when no status was written)
+	ErrLoop            = "loop_detected" // the request came back to this sidecar (its Via names it): answered 508, not forwarded
 )
 
 // API names the request's route, a bounded label.

@@ -47,6 +47,11 @@ type Options struct {
 	// Transport carries every request; nil: a transport of its own that
 	// ignores HTTP_PROXY, as the proxy's does.
 	Transport http.RoundTripper
+	// Via, when set, is the sidecar's pseudonym in the Via header
+	// (proxy.Options.Via): every request of Client carries it, so that
+	// an upstream that leads back to the sidecar answers the poll 508
+	// at once instead of forwarding it again. "": no Via.
+	Via string
 }
 
 // Upstream asks one engine. Create it with New; its methods are safe for
@@ -83,6 +88,9 @@ func New(o Options) *Upstream {
 		rt = &basicAuth{next: rt, host: o.URL.Host,
 			auth: "Basic " + base64.StdEncoding.EncodeToString([]byte(o.URL.User.Username()+":"+pw))}
 	}
+	if o.Via != "" {
+		rt = &viaHeader{next: rt, via: "1.1 " + o.Via}
+	}
 	u.client = &http.Client{Transport: rt}
 	u.health.path = o.HealthPath
 	if u.health.path == "" || u.health.path == HealthAuto {
@@ -118,6 +126,18 @@ func (b *basicAuth) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set("Authorization", b.auth)
 	}
 	return b.next.RoundTrip(req)
+}
+
+// viaHeader adds the sidecar's hop to every request (Options.Via).
+type viaHeader struct {
+	next http.RoundTripper
+	via  string
+}
+
+func (v *viaHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context()) // a RoundTripper must not modify its request
+	req.Header.Add("Via", v.via)
+	return v.next.RoundTrip(req)
 }
 
 func (u *Upstream) url(path string) string { return u.base.JoinPath(path).String() }
