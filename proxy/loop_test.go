@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
@@ -46,6 +47,7 @@ func TestLoopToItselfIs508(t *testing.T) {
 	if n := arrivals.Load(); n != 2 {
 		t.Fatalf("%d arrivals at the proxy, want 2 (the client's, and its one forward)", n)
 	}
+	waitRecords(&sink, 2)
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	got := map[string]int{}
@@ -100,6 +102,7 @@ func TestViaHeader(t *testing.T) {
 	if seen.Load() != nil {
 		t.Fatal("a looping request reached the upstream")
 	}
+	waitRecords(sink, 4)
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	loops := 0
@@ -138,5 +141,19 @@ func TestViaNamesAllocs(t *testing.T) {
 	h := http.Header{"Via": {"1.0 gateway, 1.1 tokentap-other", "2 edge"}}
 	if n := testing.AllocsPerRun(100, func() { viaNames(h, "tokentap-a") }); n != 0 {
 		t.Fatalf("%v allocations", n)
+	}
+}
+
+// waitRecords waits, at most 5 s, until c has n records: a record is
+// written when its handler returns, which may be after the client has
+// read the answer.
+func waitRecords(c *collect, n int) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		have := len(c.recs)
+		c.mu.Unlock()
+		if have >= n {
+			return
+		}
 	}
 }
