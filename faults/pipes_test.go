@@ -15,15 +15,16 @@ import (
 
 // --config naming a FIFO with no writer: the sidecar exits 2 at once,
 // naming it (it used to block in open(2) before any output, past
-// SIGTERM). The 30 s in configCheck is the hang guard, not the bound:
-// the time taken is logged.
+// SIGTERM). The 30 s in runExit is the hang guard, not the bound: the
+// time taken is logged.
 func TestConfigFIFO(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "config.yaml")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, stderr, took, _, _ := configCheck(t, fifo)
-	t.Logf("exit %d in %v: %s", code, took.Round(time.Millisecond), strings.TrimSpace(stderr))
+	start := time.Now()
+	code, stderr := runExit(t, "--config", fifo)
+	t.Logf("exit %d in %v: %s", code, time.Since(start).Round(time.Millisecond), strings.TrimSpace(stderr))
 	want := "config file " + fifo + ": is a FIFO (named pipe), not a regular file"
 	if code != 2 || !strings.Contains(stderr, want) {
 		t.Fatalf("exit %d, stderr %q: want exit 2 and %q", code, stderr, want)
@@ -115,6 +116,42 @@ func TestRecordsFIFOStuckReader(t *testing.T) {
 	sendN(t, s, 10) // still serving
 	written, dropped := s.metric("tokentap_records_written_total"), s.metric("tokentap_records_dropped_total")
 	t.Logf("written %v, dropped %v, queued %v, waited %vs", written, dropped, s.metric("tokentap_records_queued"), s.metric("tokentap_records_wait_seconds_total"))
+	start := time.Now()
+	s.signal(syscall.SIGTERM)
+	code := s.wait(exitBound)
+	t.Logf("exit %d %v after SIGTERM", code, time.Since(start).Round(time.Millisecond))
+	if code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	if !strings.Contains(s.log.String(), "records dropped") {
+		t.Errorf("the records left are not reported dropped")
+	}
+}
+
+// --records - with a stdout pipe nobody reads (a log collector that
+// stopped): the sidecar serves, SIGHUP is handled at once, and SIGTERM
+// exits within the grace period plus the records close bound, though
+// the write to stdout stays blocked in write(2).
+func TestRecordsStdoutStuckReader(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close() // never read
+	up := upstream(t, chatAnswer)
+	s := startSidecarOut(t, pw, "--upstream", up.URL, "--records", "-", "--shutdown-grace", "1s", "--engine", "off")
+	pw.Close() // the sidecar holds it
+	sendN(t, s, 200)
+	if !waitUntil(10*time.Second, func() bool { return s.metric("tokentap_records_wait_seconds_total") > 0 && s.metric("tokentap_records_queued") > 0 }) {
+		t.Fatal("the records writer is not waiting on stdout")
+	}
+	s.signal(syscall.SIGHUP)
+	if !s.log.waitFor("SIGHUP: records file reopened", 10*time.Second) {
+		t.Fatal("SIGHUP not handled while stdout is stuck")
+	}
+	sendN(t, s, 10)
+	t.Logf("written %v, dropped %v, queued %v, waited %vs", s.metric("tokentap_records_written_total"), s.metric("tokentap_records_dropped_total"),
+		s.metric("tokentap_records_queued"), s.metric("tokentap_records_wait_seconds_total"))
 	start := time.Now()
 	s.signal(syscall.SIGTERM)
 	code := s.wait(exitBound)
