@@ -142,7 +142,9 @@ func TestRecordsStdoutStuckReader(t *testing.T) {
 	s := startSidecarOut(t, pw, "--upstream", up.URL, "--records", "-", "--shutdown-grace", "1s", "--engine", "off")
 	pw.Close() // the sidecar holds it
 	sendN(t, s, 200)
-	if !waitUntil(10*time.Second, func() bool { return s.metric("tokentap_records_wait_seconds_total") > 0 && s.metric("tokentap_records_queued") > 0 }) {
+	if !waitUntil(10*time.Second, func() bool {
+		return s.metric("tokentap_records_wait_seconds_total") > 0 && s.metric("tokentap_records_queued") > 0
+	}) {
 		t.Fatal("the records writer is not waiting on stdout")
 	}
 	s.signal(syscall.SIGHUP)
