@@ -91,6 +91,8 @@ type FileStats struct {
 //     once per CheckInterval; directories are never created.
 //   - Faults are logged at most once every 10 s, with how many errors and
 //     drops there were since the previous line.
+//   - A stream (a FIFO at the path, or stdout with NewStream) never
+//     blocks OpenFile, Reopen or Close on its reader: stream.go.
 //
 // A nil *File discards everything.
 type File struct {
