@@ -27,7 +27,6 @@ type pump struct {
 	work chan pumpJob  // the batch to write; closed to retire the pump
 	done chan pumpDone // the result of each batch, in order
 	busy bool          // owned by the writer: a batch is in the pump
-	n    int           // the records of the batch in the pump
 }
 
 type pumpJob struct {
