@@ -4,6 +4,7 @@ package faults
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -117,14 +118,20 @@ func TestLoopThroughAlias(t *testing.T) {
 	if resp.StatusCode != http.StatusLoopDetected || !strings.Contains(string(body), "tokentap_loop_detected") {
 		t.Fatalf("status %d, body %s: want 508 tokentap_loop_detected", resp.StatusCode, body)
 	}
-	rr, err := http.Get(s.admin + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, _ := io.ReadAll(rr.Body)
-	rr.Body.Close()
-	if rr.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(rb), "answered 508 Loop Detected") {
-		t.Errorf("/readyz %d %q: want 503 naming the 508", rr.StatusCode, rb)
+	// /readyz answers from a check within the last second: one made
+	// before the forwarder had its target says unreachable.
+	var ready string
+	if !waitUntil(10*time.Second, func() bool {
+		rr, err := http.Get(s.admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, _ := io.ReadAll(rr.Body)
+		rr.Body.Close()
+		ready = fmt.Sprint(rr.StatusCode, " ", string(rb))
+		return rr.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(rb), "answered 508 Loop Detected")
+	}) {
+		t.Errorf("/readyz %q: want 503 naming the 508", ready)
 	}
 	if n := s.metric("gen_ai_server_request_duration_seconds_count", "gen_ai_operation_name", "chat", "error_type", "loop_detected"); n != 1 {
 		t.Errorf("chat requests counted as loop_detected: %v, want 1", n)
