@@ -150,6 +150,9 @@ type Sidecar struct {
 	// front of a real engine.
 	synthetic string
 	trend     *slo.Trend
+	// via is this process's pseudonym in the Via header
+	// (proxy.Options.Via).
+	via string
 }
 
 func (s *Sidecar) defer_(f func()) { s.cleanup = append(s.cleanup, f) }
@@ -232,22 +235,28 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}
 	up, _ := url.Parse(s.addrs.Upstream)
 	s.metrics = metrics
+	// This process's pseudonym in the Via header of everything it sends
+	// upstream: a request that comes back with it is a loop, answered
+	// 508 (proxy.Options.Via; docs/config.md, "Loops").
+	s.via = "tokentap-" + randomHex(6)
 	s.up = upstream.New(upstream.Options{URL: up, HealthPath: cfg.UpstreamHealthPath, Kind: cfg.Engine.Kind, Registry: metrics.Registry,
-		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log})
+		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log, Via: s.via})
 
 	// Record sinks.
 	var sinks []record.Sink
+	// Stdout, a pipe or a FIFO never block the start, SIGHUP or SIGTERM
+	// (docs/records-file.md, "Pipes and stdout").
 	switch cfg.Records {
 	case "":
 	case "-":
-		j := record.NewJSONL(env.Stdout)
-		exportStdoutStats(metrics.Registry, j)
-		sinks = append(sinks, j)
+		s.records = record.NewStream(env.Stdout, record.FileOptions{Logger: log})
 	default:
 		if s.records, err = record.OpenFile(cfg.Records, record.FileOptions{Logger: log}); err != nil {
 			return nil, fmt.Errorf("records: %w", err)
 		}
-		s.defer_(func() { s.closeRecords(5 * time.Second) })
+	}
+	if s.records != nil {
+		s.defer_(func() { s.closeRecords(recordsCloseBound) })
 		exportFileStats(metrics.Registry, s.records)
 		sinks = append(sinks, s.records)
 	}
@@ -343,6 +352,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		Ends:            &s.ends,
 		Structure:       s.structure,
 		Tenants:         s.proxyTenants(),
+		Via:             s.via,
 	})
 	if err != nil {
 		return nil, err
@@ -377,7 +387,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	probes = probes.WithDefaults(cfg.Simulator.Model)
 	s.nprobes = len(probes.Probes)
 	sidecarURL, _ := url.Parse("http://" + s.addrs.Proxy)
-	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret,
+	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret, Via: s.via,
 		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv, Synthetic: synthetic})
 
 	// Admin endpoints.
@@ -641,7 +651,7 @@ wait:
 	<-upDone
 	stopSampler() // the last interval is attributed and held records published
 	<-samplerDone
-	s.closeRecords(10 * time.Second)
+	s.closeRecords(recordsCloseBound)
 	s.closeCapture(10 * time.Second)
 	s.adminSrv.Close()
 	if errors.Is(runErr, http.ErrServerClosed) {
@@ -652,6 +662,12 @@ wait:
 	}
 	return runErr
 }
+
+// recordsCloseBound bounds the records file's close at shutdown: its
+// queue drained into the file, or into a pipe whose reader reads; a
+// reader that does not (or a FIFO with none) costs the exit at most
+// this, and what is left is dropped and counted.
+const recordsCloseBound = 10 * time.Second
 
 // closeRecords drains, fsyncs and closes the records file (once).
 func (s *Sidecar) closeRecords(within time.Duration) {
@@ -721,7 +737,11 @@ func exportFileStats(reg prometheus.Registerer, f *record.File) {
 	reg.MustRegister(
 		c("tokentap_records_written_total", "Records written whole to the records file.", func(s record.FileStats) uint64 { return s.Written }),
 		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error), and batches that went, or would have gone, to a deleted file; each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
-		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full, the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
+		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full (a slow disk, or a pipe's reader that stopped reading), the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_records_queued", Help: "Records waiting in memory for the records writer (at most 4096): a full queue drops the next ones."},
+			func() float64 { return float64(f.Stats().Queued) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_records_wait_seconds_total", Help: "Seconds the records writer waited on a pipe, FIFO or stdout: in write(2) to a reader that did not read, and for a FIFO's reader to open it (0 for a regular file)."},
+			func() float64 { return f.Stats().Waited.Seconds() }),
 	)
 }
 
@@ -741,14 +761,6 @@ func newPeekBudget(max int64, reg prometheus.Registerer) *proxy.PeekBudget {
 			func() float64 { return float64(b.Full()) }),
 	)
 	return b
-}
-
-// exportStdoutStats exports the records that could not be written to
-// stdout (records: -) as tokentap_records_dropped_total, the records
-// file's count of records lost.
-func exportStdoutStats(reg prometheus.Registerer, j *record.JSONL) {
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_records_dropped_total",
-		Help: "Records not written to stdout (records: -): their write or flush failed."}, func() float64 { return float64(j.Errors()) }))
 }
 
 func flattenJoin(err error) []error {

@@ -35,6 +35,7 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		ProbeHeader:       probeSecret,
 		Structure:         s.structure,
 		Tenants:           s.proxyTenants(),
+		Via:               s.via,
 	})
 	if err != nil {
 		return err

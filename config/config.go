@@ -234,14 +234,31 @@ const MaxFileBytes = 1 << 20
 // --config.check's printing would then build.
 const MaxExpandedBytes = 4 << 20
 
+// readFile reads the configuration file at path, which must be a
+// regular file (a symbolic link to one, as a Kubernetes ConfigMap
+// mounts it, is one): a FIFO, a device or a directory is refused before
+// it is read. Design note: opening a FIFO with no writer blocks in
+// open(2), before any output and past SIGTERM; so the path is stat'ed
+// first, opened without blocking (openConfig), and fstat'ed again once
+// open, in case it was swapped in between.
 func (c *Config) readFile(path string) error {
-	f, err := os.Open(path)
+	if st, err := os.Stat(path); err != nil {
+		return fmt.Errorf("config file: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return notRegular(path, st.Mode())
+	}
+	f, err := openConfig(path)
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return fmt.Errorf("config file: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return notRegular(path, st.Mode())
+	}
 	// Read one byte past the limit, so that a larger file is refused
-	// without reading it whole (a stat would miss pipes and devices).
+	// without reading it whole (one that grows after the stat).
 	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
@@ -267,6 +284,24 @@ func (c *Config) readFile(path string) error {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
 	return nil
+}
+
+// notRegular is readFile's error for a path that is not a regular file.
+func notRegular(path string, m os.FileMode) error {
+	what := "not a regular file"
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		what = "a FIFO (named pipe)"
+	case m&os.ModeCharDevice != 0:
+		what = "a character device"
+	case m&os.ModeDevice != 0:
+		what = "a device"
+	case m.IsDir():
+		what = "a directory"
+	case m&os.ModeSocket != 0:
+		what = "a socket"
+	}
+	return fmt.Errorf("config file %s: is %s, not a regular file", path, what)
 }
 
 // checkExpansion refuses a document whose expanded size (aliases
@@ -396,6 +431,7 @@ func (c *Config) Validate() []error {
 	if c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		bad("listen and admin_listen are both %q", c.Listen)
 	}
+	errs = append(errs, c.loops()...)
 	if c.Records != "" && c.Records != "-" {
 		if st, err := os.Stat(filepath.Dir(c.Records)); err != nil || !st.IsDir() {
 			bad("records: directory of %q does not exist", c.Records)

@@ -87,6 +87,11 @@ type Options struct {
 	// Structure checks the structure of answers (proxy.Options.Structure);
 	// nil checks nothing.
 	Structure *structure.Checker
+	// Via is the sidecar's pseudonym in the Via header
+	// (proxy.Options.Via): added to every intercepted request forwarded,
+	// and an intercepted request that carries it already is a loop,
+	// answered 508. "": no Via.
+	Via string
 
 	// LookupIP resolves a destination's host name; nil means the
 	// system's resolver (net.DefaultResolver). Tests resolve their test
@@ -629,6 +634,7 @@ func (p *Proxy) newTargetProxy(t target) (*proxy.Proxy, error) {
 		Ends:            &p.ends,
 		Structure:       p.opts.Structure,
 		Tenants:         p.opts.Tenants,
+		Via:             p.opts.Via,
 	})
 }
 

@@ -264,6 +264,7 @@ type harnessOpts struct {
 	caDir     string
 	rootCAs   *x509.CertPool // nil: the hosted CA
 	otlp      *exporter.OTLP // the pipeline's OTLP metric backend; nil: none
+	via       string         // Options.Via
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -308,7 +309,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	p, err := New(Options{Config: cfg, Pipeline: pipe, Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})),
 		Clock: o.clock, Registry: h.reg, Timeout: o.timeout, BodyReadTimeout: o.bodyIdle, IdleTimeout: time.Minute,
-		LookupIP: h.dial.LookupIP, DialContext: h.dial.DialContext, RootCAs: roots})
+		LookupIP: h.dial.LookupIP, DialContext: h.dial.DialContext, RootCAs: roots, Via: o.via})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,11 @@
 // every timeout, --max-connections, an upstream that floods strip mode
 // with field lines and no event end, shutdown with streams past the grace
 // period (and a second signal), truncated streams, a password in the
-// upstream URL, gzip upstreams, 1 MB model names, and a burst of streams
-// whose clients all leave mid-stream.
+// upstream URL, gzip upstreams, 1 MB model names, a burst of streams
+// whose clients all leave mid-stream, a config file that is a FIFO,
+// records to a FIFO with no reader or to a pipe (a FIFO, stdout) whose
+// reader stopped reading, and an upstream that leads back to the
+// sidecar (named at start, or through an alias: the Via header).
 //
 // Every load is bounded in count and time, and all traffic stays on
 // 127.0.0.1. The suite is Linux-only (/proc, tmpfs). Run it alone:

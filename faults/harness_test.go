@@ -123,6 +123,20 @@ func startSidecar(t *testing.T, args ...string) *sidecar {
 // so that the pid is the sidecar's.
 func startSidecarVia(t *testing.T, wrap []string, args ...string) *sidecar {
 	t.Helper()
+	return startSidecarFull(t, wrap, io.Discard, args...)
+}
+
+// startSidecarOut is startSidecar with the sidecar's stdout given (an
+// *os.File is its descriptor 1 itself).
+func startSidecarOut(t *testing.T, stdout io.Writer, args ...string) *sidecar {
+	t.Helper()
+	return startSidecarFull(t, nil, stdout, args...)
+}
+
+// startSidecarFull is startSidecar with wrap (startSidecarVia) and stdout
+// (startSidecarOut).
+func startSidecarFull(t *testing.T, wrap []string, stdout io.Writer, args ...string) *sidecar {
+	t.Helper()
 	full := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)
 	argv := append(append(append([]string(nil), wrap...), sidecarBin), full...)
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -131,7 +145,7 @@ func startSidecarVia(t *testing.T, wrap []string, args ...string) *sidecar {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Stdout = io.Discard
+	cmd.Stdout = stdout
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@
 //	  4. energy hold                    (gpu.Sampler: energy fields; waits ≤ one interval)
 //	  5. spans end                      (tracing: attributes from the record)
 //	  6. metric backends                (exporter.Map → Prometheus, OTLP; /slo book)
-//	  7. record sinks                   (JSONL)
+//	  7. record sinks                   (records file, stdout)
 //
 // Stages 1-4 run on End's caller (the proxy's end-stages goroutine with
 // proxy.Options.Ends, else the request's handler), and so do 5-7 with

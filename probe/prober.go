@@ -35,6 +35,9 @@ type Options struct {
 	// sidecar's proxy recognises as its own probes (proxy.Options).
 	Upstream, Sidecar *url.URL
 	ProbeHeader       string
+	// Via is the sidecar's pseudonym in the Via header
+	// (proxy.Options.Via), on every probe sent. "": none.
+	Via string
 	// Pipeline receives canary requests like live ones (SLO verdict,
 	// metrics, records) and the records of probes not sent. Nil keeps
 	// nothing.
@@ -305,7 +308,7 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	cw := &capture{h: http.Header{}}
 	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
 	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
-		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: stream.LookupAPI(d.API).Engine, NextID: p.nextID})
+		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: stream.LookupAPI(d.API).Engine, NextID: p.nextID, Via: p.opts.Via})
 	if err != nil {
 		p.log.Error("probe", "probe", d.Name, "err", err)
 		return

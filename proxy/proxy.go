@@ -116,6 +116,12 @@ type Options struct {
 	// that declare tools or a JSON output (docs/slo.md, "Structure"):
 	// record.Record.Structure. Nil checks nothing and keeps nothing.
 	Structure *structure.Checker
+	// Via is this sidecar's pseudonym in the Via header
+	// ("tokentap-<instance id>", one per process, shared by its
+	// proxies): every forwarded request carries it, and a request that
+	// arrives with it is a loop, answered 508 and recorded as
+	// error/loop_detected (loop.go). "" adds no Via and detects nothing.
+	Via string
 }
 
 // Tenants identifies a request's tenant (tenant.Resolver): a declared
@@ -138,6 +144,7 @@ type Proxy struct {
 	engine atomic.Pointer[string]
 
 	inflight inflight
+	loopLog  atomic.Int64 // unix nanos before which no loop is logged
 }
 
 // NewTransport returns the transport used when Options.Transport is nil:
@@ -206,6 +213,7 @@ func New(opts Options) (*Proxy, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up) // the URL's user and password are not copied: basic
 			pr.Out.Host = up.Host
+			p.addVia(pr.In, pr.Out.Header)
 			if basic != "" && len(pr.Out.Header["Authorization"]) == 0 {
 				pr.Out.Header["Authorization"] = []string{basic}
 			}
@@ -332,6 +340,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+	}
+	if p.refuseLoop(w, r) {
+		return
 	}
 	st := &reqState{clock: p.clock, arrive: p.clock.Now()}
 	defer p.settle(w, r, st) // also when ReverseProxy panics with http.ErrAbortHandler

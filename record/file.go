@@ -58,6 +58,14 @@ type FileStats struct {
 	// re-created), or they came after (or were still queued when the
 	// deadline of) Close.
 	Dropped uint64
+	// Queued is how many records wait in memory now, at most
+	// FileOptions.QueueSize.
+	Queued int
+	// Waited is how long the writer has waited on a stream (a pipe, a
+	// FIFO, stdout: stream.go): in write(2) to a reader that did not
+	// read, and for a FIFO's reader to open it, the waits under way
+	// included. 0 for a regular file.
+	Waited time.Duration
 }
 
 // File is a Sink that appends one JSON line per record to a file and
@@ -83,6 +91,8 @@ type FileStats struct {
 //     once per CheckInterval; directories are never created.
 //   - Faults are logged at most once every 10 s, with how many errors and
 //     drops there were since the previous line.
+//   - A stream (a FIFO at the path, or stdout with NewStream) never
+//     blocks OpenFile, Reopen or Close on its reader: stream.go.
 //
 // A nil *File discards everything.
 type File struct {
@@ -102,6 +112,10 @@ type File struct {
 	closeErr  error         // set by the writer before done is closed
 
 	written, writeErrors, dropped atomic.Uint64
+	// Stream waits (stream.go), in nanoseconds: done, and the starts
+	// (unix nanos; 0: none) of the pump's write and of a FIFO's wait for
+	// a reader under way.
+	waitNanos, writeSince, readerSince atomic.Int64
 
 	lim faultLimiter
 
@@ -119,6 +133,12 @@ type File struct {
 	items     [][]byte // the batch's items, with encode
 	gen       int64    // files opened so far (reopen counts them)
 	encGen    int64    // gen of the file the encoder last encoded for; -1: none
+	// stream: the open file is not a regular file (a pipe, a FIFO, a
+	// terminal, stdout): written through p, never truncated or checked
+	// for deletion (stream.go). f is nil while a FIFO has no reader.
+	stream bool
+	std    bool  // stdout (NewStream): no path
+	p      *pump // the stream's pump; nil for a regular file
 }
 
 // fileHandle is the part of *os.File the writer uses; tests wrap it to
@@ -144,18 +164,39 @@ const (
 	maxBatchBytes        = 256 << 10
 )
 
-func openAppend(path string) (fileHandle, error) {
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-}
-
 // OpenFile opens (creating it if needed, mode 0644) the records file at
 // path for appending and starts its writer goroutine. Call Close to stop
-// it.
+// it. The path may name a FIFO: it is opened without blocking, and, with
+// no reader yet, records are queued until one opens it (stream.go).
 func OpenFile(path string, opts FileOptions) (*File, error) {
 	return openFile(path, opts, fileHooks{})
 }
 
 func openFile(path string, opts FileOptions, hooks fileHooks) (*File, error) {
+	f := newFile(path, opts, hooks)
+	h, off, regular, err := f.openPath()
+	switch {
+	case err == nil:
+		f.f, f.off, f.stream = h, off, !regular
+		if f.stream {
+			f.p = f.startPump(h)
+		}
+	case noReader(err):
+		// A FIFO with no reader yet: wait for one, tried every
+		// CheckInterval (reconnect).
+		f.stream = true
+		f.readerSince.Store(f.clock().UnixNano())
+		f.log.Warn("records: the FIFO has no reader yet; records are queued, and dropped when the queue is full, until one opens it",
+			"path", path, "queue", cap(f.queue))
+	default:
+		return nil, fmt.Errorf("records file: %w", err)
+	}
+	go f.run()
+	return f, nil
+}
+
+// newFile makes a File with opts, its writer not started.
+func newFile(path string, opts FileOptions, hooks fileHooks) *File {
 	if hooks.open == nil {
 		hooks.open = openAppend
 	}
@@ -186,13 +227,7 @@ func openFile(path string, opts FileOptions, hooks fileHooks) (*File, error) {
 		n = defaultQueueSize
 	}
 	f.queue = make(chan []byte, n)
-	h, off, err := f.openPath()
-	if err != nil {
-		return nil, fmt.Errorf("records file: %w", err)
-	}
-	f.f, f.off = h, off
-	go f.run()
-	return f, nil
+	return f
 }
 
 // Write marshals r on the caller's goroutine and queues the line for the
@@ -242,7 +277,8 @@ func (f *File) Stats() FileStats {
 	if f == nil {
 		return FileStats{}
 	}
-	return FileStats{Written: f.written.Load(), WriteErrors: f.writeErrors.Load(), Dropped: f.dropped.Load()}
+	return FileStats{Written: f.written.Load(), WriteErrors: f.writeErrors.Load(), Dropped: f.dropped.Load(),
+		Queued: len(f.queue), Waited: f.waited()}
 }
 
 // Reopen writes what is queued to the file now open, then closes it and
@@ -251,7 +287,9 @@ func (f *File) Stats() FileStats {
 // Records whose Write returned before Reopen was called go to the old
 // file. If the path cannot be opened, the old file stays in use, the
 // error is returned, and the writer retries every CheckInterval if the
-// path is missing or names another file.
+// path is missing or names another file. A stream (stdout, a FIFO the
+// path still names) is kept as it is, and Reopen never waits on a write
+// to it: reopenStream.
 func (f *File) Reopen() error {
 	if f == nil {
 		return nil
@@ -324,8 +362,12 @@ func (f *File) run() {
 	tick := time.NewTicker(f.check)
 	defer tick.Stop()
 	for {
+		queue := f.queue
+		if f.paused() {
+			queue = nil // a stream's reader is not taking them: they wait, bounded
+		}
 		select {
-		case line, ok := <-f.queue:
+		case line, ok := <-queue:
 			if !ok {
 				f.finish()
 				return
@@ -334,7 +376,13 @@ func (f *File) run() {
 				f.finish()
 				return
 			}
+		case d := <-f.pumpDone():
+			f.pumped(d)
 		case reply := <-f.reopenReq:
+			if f.stream {
+				reply <- f.reopenStream()
+				continue
+			}
 			open := f.flushQueued(len(f.queue))
 			reply <- f.reopen() // the caller logs it
 			if !open {
@@ -342,7 +390,11 @@ func (f *File) run() {
 				return
 			}
 		case <-tick.C:
-			f.checkPath()
+			if f.stream {
+				f.reconnect()
+			} else {
+				f.checkPath()
+			}
 			f.lim.report(f, false)
 		case <-f.abort:
 			f.abandon()
@@ -427,17 +479,16 @@ func (f *File) write(buf []byte, n int) []byte {
 		return buf
 	default:
 	}
+	if f.stream {
+		f.encodeItems(&buf)
+		f.send(buf, n)
+		return nil // the pump's now; pumped takes it back
+	}
 	if (f.lost || f.deleted()) && !f.recreate() {
 		f.lose(n, "records file deleted, and its path cannot be re-created")
 		return buf
 	}
-	if f.encode != nil {
-		buf = buf[:0]
-		for i, item := range f.items {
-			buf = f.encode(buf, item, i == 0 && f.encGen != f.gen)
-		}
-		f.encGen = f.gen
-	}
+	f.encodeItems(&buf)
 	if f.trunc >= 0 {
 		// A failed write left bytes that could not be cut off then.
 		if err := f.f.Truncate(f.trunc); err == nil {
@@ -488,6 +539,19 @@ func (f *File) write(buf []byte, n int) []byte {
 	f.dropped.Add(uint64(n))
 	f.lim.report(f, false)
 	return buf
+}
+
+// encodeItems encodes the batch's items into *buf, with Encode.
+func (f *File) encodeItems(buf *[]byte) {
+	if f.encode == nil {
+		return
+	}
+	b := (*buf)[:0]
+	for i, item := range f.items {
+		b = f.encode(b, item, i == 0 && f.encGen != f.gen)
+	}
+	f.encGen = f.gen
+	*buf = b
 }
 
 // lose counts a batch of n records that went, or would have gone, to a
@@ -572,9 +636,9 @@ func (f *File) checkPath() {
 }
 
 // reopen opens the path and, if that worked, closes the file open until
-// now.
+// now. A stream found at the path is written through a pump from now on.
 func (f *File) reopen() error {
-	h, off, err := f.openPath()
+	h, off, regular, err := f.openPath()
 	if err != nil {
 		return err
 	}
@@ -585,6 +649,9 @@ func (f *File) reopen() error {
 		f.log.Warn("records file: closing the old file", "path", f.path, "error", err)
 	}
 	f.f, f.off, f.trunc, f.lost = h, off, -1, false
+	if f.stream = !regular; f.stream {
+		f.p = f.startPump(h)
+	}
 	f.gen++
 	if f.openFails {
 		f.openFails = false
@@ -593,21 +660,41 @@ func (f *File) reopen() error {
 	return nil
 }
 
-func (f *File) openPath() (fileHandle, int64, error) {
+// openPath opens the path, and says its size and whether it is a
+// regular file (not a stream).
+func (f *File) openPath() (fileHandle, int64, bool, error) {
 	h, err := f.hooks.open(f.path)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	st, err := h.Stat()
 	if err != nil {
 		h.Close()
-		return nil, 0, err
+		return nil, 0, false, err
 	}
-	return h, st.Size(), nil
+	if !st.Mode().IsRegular() {
+		return h, 0, false, nil
+	}
+	return h, st.Size(), true, nil
 }
 
-// finish ends a drained writer: fsync and close.
+// finish ends a drained writer: fsync and close. A stream's last batch
+// is waited for (until Close's deadline: abort), neither synced nor
+// closed by the writer (its pump closes it).
 func (f *File) finish() {
+	if f.stream {
+		if done := f.pumpDone(); done != nil {
+			select {
+			case d := <-done:
+				f.pumped(d)
+			case <-f.abort:
+				f.abandon()
+				return
+			}
+		}
+		f.retire()
+		return
+	}
 	if f.trunc >= 0 {
 		_ = f.f.Truncate(f.trunc)
 	}
@@ -620,10 +707,21 @@ func (f *File) finish() {
 	}
 }
 
-// abandon ends a writer whose Close gave up: the rest is dropped.
+// abandon ends a writer whose Close gave up: the rest is dropped. A
+// stream is closed, which wakes a write parked on a FIFO: its pump then
+// counts that batch as dropped. (A write to stdout may stay blocked in
+// write(2) until the process exits, its batch counted as neither;
+// nothing waits for it.)
 func (f *File) abandon() {
 	for range f.queue {
 		f.dropped.Add(1)
+	}
+	if f.stream {
+		if h := f.f; h != nil {
+			f.retire()
+			_ = h.Close()
+		}
+		return
 	}
 	if f.trunc >= 0 {
 		_ = f.f.Truncate(f.trunc)

@@ -196,10 +196,10 @@ func TestDerivedQuantities(t *testing.T) {
 	}
 }
 
-// JSONL writes whole lines under concurrency.
-func TestJSONLWholeLines(t *testing.T) {
+// A stream (records: -) writes whole lines under concurrency.
+func TestStreamWholeLines(t *testing.T) {
 	var buf bytes.Buffer
-	j := NewJSONL(&buf)
+	j := NewStream(&buf, FileOptions{})
 	var wg sync.WaitGroup
 	for i := 0; i < 50; i++ {
 		wg.Add(1)
@@ -212,9 +212,10 @@ func TestJSONLWholeLines(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	closeFile(t, j)
 	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
-	if len(lines) != 50 || j.Errors() != 0 {
-		t.Fatalf("%d lines, %d errors", len(lines), j.Errors())
+	if st := j.Stats(); len(lines) != 50 || st.Written != 50 || st.Dropped != 0 {
+		t.Fatalf("%d lines, stats %+v", len(lines), st)
 	}
 	for _, l := range lines {
 		if !json.Valid([]byte(l)) {

@@ -47,6 +47,11 @@ type Options struct {
 	// Transport carries every request; nil: a transport of its own that
 	// ignores HTTP_PROXY, as the proxy's does.
 	Transport http.RoundTripper
+	// Via, when set, is the sidecar's pseudonym in the Via header
+	// (proxy.Options.Via): every request of Client carries it, so that
+	// an upstream that leads back to the sidecar answers the poll 508
+	// at once instead of forwarding it again. "": no Via.
+	Via string
 }
 
 // Upstream asks one engine. Create it with New; its methods are safe for
@@ -82,6 +87,9 @@ func New(o Options) *Upstream {
 		pw, _ := o.URL.User.Password()
 		rt = &basicAuth{next: rt, host: o.URL.Host,
 			auth: "Basic " + base64.StdEncoding.EncodeToString([]byte(o.URL.User.Username()+":"+pw))}
+	}
+	if o.Via != "" {
+		rt = &viaHeader{next: rt, via: "1.1 " + o.Via}
 	}
 	// A redirect is never followed: its target is not the engine, and a
 	// health check answered by another host says nothing of this one. The
@@ -121,6 +129,18 @@ func (b *basicAuth) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set("Authorization", b.auth)
 	}
 	return b.next.RoundTrip(req)
+}
+
+// viaHeader adds the sidecar's hop to every request (Options.Via).
+type viaHeader struct {
+	next http.RoundTripper
+	via  string
+}
+
+func (v *viaHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context()) // a RoundTripper must not modify its request
+	req.Header.Add("Via", v.via)
+	return v.next.RoundTrip(req)
 }
 
 func (u *Upstream) url(path string) string { return u.base.JoinPath(path).String() }

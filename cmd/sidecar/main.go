@@ -39,6 +39,10 @@ func main() {
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reopen the records file; never exit
+	// A closed stdout or stderr (records: -, a log pipe whose reader
+	// left) fails its writes with EPIPE, counted, rather than killing
+	// the sidecar and the traffic through it (docs/records-file.md).
+	signal.Ignore(syscall.SIGPIPE)
 	err := app.Run(ctx, os.Args[1:], app.Env{Getenv: os.Getenv, Stdout: os.Stdout, Stderr: os.Stderr, Hangup: hup, Force: force})
 	cancel()
 	if err != nil && usage.ExitCode(err) != 2 {
