@@ -47,7 +47,6 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
-	"github.com/tokentap/tokentap/structure"
 )
 
 // Options configures a Proxy.
@@ -86,7 +85,7 @@ type Options struct {
 	Tenants proxy.Tenants
 	// Structure checks the structure of answers (proxy.Options.Structure);
 	// nil checks nothing.
-	Structure *structure.Checker
+	Structure proxy.Structure
 
 	// LookupIP resolves a destination's host name; nil means the
 	// system's resolver (net.DefaultResolver). Tests resolve their test

@@ -1,0 +1,183 @@
+package structure
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tokentap/tokentap/stream"
+)
+
+// deepSchema is the issue's first hostile schema: 1,500 levels of
+// properties, about 62 KB (63,002 bytes).
+func deepSchema() []byte {
+	return []byte(strings.Repeat(`{"type":"object","properties":{"abcdef":`, 1500) + "{}" + strings.Repeat("}}", 1500))
+}
+
+// nestedSchema is a schema of depth levels of objects, well formed.
+func nestedSchema(depth int) []byte {
+	return []byte(strings.Repeat(`{"properties":{"a":`, depth) + `{}` + strings.Repeat(`}}`, depth))
+}
+
+// depthOf is JSON (a schema of unknown keywords) nested n deep.
+func depthOf(n int) []byte {
+	return []byte(strings.Repeat(`{"x":`, n-1) + `{}` + strings.Repeat(`}`, n-1))
+}
+
+// patternsSchema is the issue's second: n properties, each with a
+// pattern of its own (60,000 make about 3.4 MB).
+func patternsSchema(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"type":"object","properties":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"p%d":{"type":"string","pattern":"^[a-z]{%d}[0-9]x+$"}`, i, i%50+1)
+	}
+	b.WriteString(`}}`)
+	return []byte(b.String())
+}
+
+// cpu is the process's CPU time (user and system) so far.
+func cpu(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// checkCall checks one call to tool "f", declared with schema, whose
+// arguments are args.
+func checkCall(k *Checker, schema, args []byte) Result {
+	d := &stream.Declared{Tools: []stream.DeclaredTool{{Name: "f", Schema: schema}}}
+	col := collect(k, d, chatCall("f", args))
+	defer col.Release()
+	return k.Check(d, col, false, false, false)
+}
+
+// The issue's hostile schemas (16 s and 24 s of CPU before the bounds)
+// cost the check at most 50 ms of CPU each, measured around it, and
+// are refused by name: unchecked, the bound said.
+func TestHostileSchemasBounded(t *testing.T) {
+	if len(deepSchema()) != 63002 || len(patternsSchema(60000)) < 3<<20 {
+		t.Fatalf("schemas of %d and %d bytes", len(deepSchema()), len(patternsSchema(60000)))
+	}
+	for _, c := range []struct {
+		name   string
+		schema []byte
+		k      *Checker
+		why    string
+	}{
+		{"62 KB nested 1,500 levels", deepSchema(), &Checker{}, WhySchemaDepth},
+		{"3.4 MB of 60,000 patterns", patternsSchema(60000), &Checker{}, WhySchemaBytes},
+		{"3.4 MB of 60,000 patterns, bytes allowed", patternsSchema(60000), &Checker{Limits: Limits{MaxSchemaBytes: 4 << 20}}, WhySchemaKeywords},
+		{"1,500 levels, depth allowed", nestedSchema(1500), &Checker{Limits: Limits{MaxSchemaDepth: 4000}}, WhySchemaKeywords},
+	} {
+		before := cpu(t)
+		r := checkCall(c.k, c.schema, []byte(`{"a":{}}`))
+		used := cpu(t) - before
+		if r.Status != Unchecked || r.Why != c.why {
+			t.Errorf("%s: %+v, want unchecked %s", c.name, r, c.why)
+		}
+		if used > 50*time.Millisecond {
+			t.Errorf("%s: the check took %v of CPU, bound 50ms", c.name, used)
+		}
+		t.Logf("%s (%d bytes): %s in %v of CPU", c.name, len(c.schema), r.Why, used)
+	}
+}
+
+// steps is a clock that moves on by step at each reading.
+type steps struct {
+	now, step time.Duration
+}
+
+func (s *steps) read() time.Duration { s.now += s.step; return s.now }
+
+// The compile's time bound: a compile past it stops at its next pattern
+// (a clock that moves an hour at each reading is past it at once), one
+// that ends past it is refused all the same, and the refusal is cached:
+// the schema is not compiled again.
+func TestCompileTimeBound(t *testing.T) {
+	for _, schema := range []string{`{"properties":{"a":{"pattern":"^x"}}}`, `{"properties":{"a":{"type":"string"}}}`} {
+		clock := &steps{step: time.Hour}
+		k := &Checker{cpu: clock.read}
+		if r := checkCall(k, []byte(schema), []byte(`{"a":"x"}`)); r.Status != Unchecked || r.Why != WhySchemaTime {
+			t.Fatalf("%s: %+v, want unchecked %s", schema, r, WhySchemaTime)
+		}
+		read := clock.now
+		if r := checkCall(k, []byte(schema), []byte(`{"a":"x"}`)); r.Why != WhySchemaTime || clock.now != read {
+			t.Fatalf("%s again: %+v, the clock read again: %v", schema, r, clock.now != read)
+		}
+	}
+	// Within the bound (a clock that moves a microsecond a reading) the
+	// same schemas compile and check.
+	k := &Checker{cpu: (&steps{step: time.Microsecond}).read}
+	if r := checkCall(k, []byte(`{"properties":{"a":{"pattern":"^x"}}}`), []byte(`{"a":"y"}`)); r.Status != Fail || r.Failed[0] != ToolArgsSchema {
+		t.Fatalf("within the bound: %+v, want fail tool_args_schema", r)
+	}
+}
+
+// Each bound refuses what is one past it and takes what is at it.
+func TestSchemaBounds(t *testing.T) {
+	members := func(n int) []byte { // n members: "properties" and n-1 properties
+		var b strings.Builder
+		b.WriteString(`{"properties":{`)
+		for i := range n - 1 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"p%d":{}`, i)
+		}
+		b.WriteString(`}}`)
+		return []byte(b.String())
+	}
+	l := Limits{MaxSchemaBytes: 600, MaxSchemaDepth: 10, MaxSchemaKeywords: 40}
+	for _, c := range []struct {
+		name   string
+		schema []byte
+		why    string
+	}{
+		{"depth at the bound", depthOf(10), ""},
+		{"depth past it", depthOf(11), WhySchemaDepth},
+		{"members at the bound", members(40), ""},
+		{"members past it", members(41), WhySchemaKeywords},
+		{"bytes at the bound", []byte(`{"description":"` + strings.Repeat("x", 600-len(`{"description":""}`)) + `"}`), ""},
+		{"bytes past it", []byte(`{"description":"` + strings.Repeat("x", 601-len(`{"description":""}`)) + `"}`), WhySchemaBytes},
+	} {
+		r := checkCall(&Checker{Limits: l}, c.schema, []byte(`{}`))
+		want := Result{Status: Pass}
+		if c.why != "" {
+			want = Result{Status: Unchecked, Why: c.why}
+		}
+		if r.Status != want.Status || r.Why != want.Why {
+			t.Errorf("%s (%d bytes): %+v, want %+v", c.name, len(c.schema), r, want)
+		}
+	}
+}
+
+// Arguments nested deeper than the JSON decoder reads (valid JSON, or
+// not) are unchecked json_too_deep, with a schema or without; at the
+// decoder's depth they are read.
+func TestArgumentsTooDeep(t *testing.T) {
+	deep := []byte(strings.Repeat("[", 100000) + strings.Repeat("]", 100000))
+	atBound := []byte(strings.Repeat("[", MaxJSONDepth) + strings.Repeat("]", MaxJSONDepth))
+	for _, c := range []struct {
+		name         string
+		schema, args []byte
+		want         Result
+	}{
+		{"100,000 deep, no schema", nil, deep, Result{Status: Unchecked, Why: WhyTooDeep}},
+		{"100,000 deep, a schema", []byte(`{"type":"array"}`), deep, Result{Status: Unchecked, Why: WhyTooDeep}},
+		{"at the decoder's depth", []byte(`{"type":"array"}`), atBound, Result{Status: Pass}},
+		{"at the decoder's depth, not the schema's", []byte(`{"type":"object"}`), atBound, Result{Status: Fail, Failed: []string{ToolArgsSchema}}},
+	} {
+		r := checkCall(&Checker{}, c.schema, c.args)
+		if r.Status != c.want.Status || r.Why != c.want.Why || fmt.Sprint(r.Failed) != fmt.Sprint(c.want.Failed) {
+			t.Errorf("%s: %+v, want %+v", c.name, r, c.want)
+		}
+	}
+}
