@@ -254,7 +254,7 @@ var specs = [numInstruments]Spec{
 	StructureChecked: {Prom: "tokentap_structure_checks_total", OTel: "tokentap.structure.checks", Unit: "{request}", Counter: true, Labels: withExtra(LResult),
 		Help: "Answers whose structure was checked (the request declared tools or a JSON output, and an SLO requires structure), by result: pass, fail, unchecked (the request body was not read whole, several choices, or a schema that does not compile)."},
 	StructureUnchecked: {Prom: "tokentap_structure_unchecked_total", OTel: "tokentap.structure.unchecked", Unit: "{request}", Counter: true, Labels: withExtra(LReason),
-		Help: "Answers whose structure was not checked, by reason: request_partial, choices, schema_unusable, a declared schema over a bound (schema_too_large, schema_too_deep, schema_too_many_keywords, schema_too_slow), json_too_deep (structure.Whys; docs/slo.md, \"What a schema may cost\")."},
+		Help: "Answers whose structure was not checked, by reason: request_partial, choices, schema_unusable, a declared schema over a bound (schema_too_large, schema_too_deep, schema_too_many_keywords, schema_too_slow), json_too_deep, validation_too_costly (structure.Whys; docs/slo.md, \"What a schema may cost\")."},
 	StructureFailures: {Prom: "tokentap_structure_failures_total", OTel: "tokentap.structure.failures", Unit: "{request}", Counter: true, Labels: withExtra(LCheck),
 		Help: "Answers that failed a structure check, by check: tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large. An answer failing two checks counts under both."},
 	SLOFastInvalid: {Prom: "tokentap_slo_fast_invalid_total", OTel: "tokentap.slo.fast_invalid", Unit: "{request}", Counter: true, Labels: []Label{LSLO},

@@ -181,3 +181,37 @@ func TestArgumentsTooDeep(t *testing.T) {
 		}
 	}
 }
+
+// A schema whose subschemas apply to the same value through $refs, each
+// definition to the next twice (2^30 evaluations), or through
+// properties and patternProperties at once, down the answer's nesting
+// (2^40 for 40 levels), is unchecked validation_too_costly, at the
+// bound's cost (measured); the same schemas against small answers are
+// checked.
+func TestValidationBounded(t *testing.T) {
+	var defs strings.Builder
+	for i := range 30 {
+		fmt.Fprintf(&defs, `"d%d":{"allOf":[{"$ref":"#/$defs/d%d"},{"$ref":"#/$defs/d%[2]d"}]},`, i, i+1)
+	}
+	fanOut := `{"$defs":{` + defs.String() + `"d30":{"type":"object"}},"$ref":"#/$defs/d0"}`
+	twice := `{"$defs":{"t":{"type":"object","properties":{"a":{"$ref":"#/$defs/t"}},"patternProperties":{"^a$":{"$ref":"#/$defs/t"}}}},"$ref":"#/$defs/t"}`
+	nest := func(n int) []byte { return []byte(strings.Repeat(`{"a":`, n) + `{}` + strings.Repeat(`}`, n)) }
+	for _, c := range []struct {
+		name, schema string
+		args         []byte
+		want         Result
+	}{
+		{"2^30 by $refs", fanOut, []byte(`{}`), Result{Status: Unchecked, Why: WhyEvaluations}},
+		{"2^40 down the nesting", twice, nest(40), Result{Status: Unchecked, Why: WhyEvaluations}},
+		{"2^4 down the nesting", twice, nest(4), Result{Status: Pass}},
+		{"2^4 down the nesting, not the schema", twice, []byte(`{"a":{"a":1}}`), Result{Status: Fail, Failed: []string{ToolArgsSchema}}},
+	} {
+		before := cpu(t)
+		r := checkCall(&Checker{}, []byte(c.schema), c.args)
+		used := cpu(t) - before
+		if !same(r, c.want) {
+			t.Errorf("%s: %+v, want %+v", c.name, r, c.want)
+		}
+		t.Logf("%s: %+v in %v of CPU", c.name, r, used)
+	}
+}

@@ -73,11 +73,14 @@ const (
 	// WhyTooDeep: a call's arguments or the output nest deeper than the
 	// JSON decoder reads (MaxJSONDepth): not told valid or invalid.
 	WhyTooDeep = "json_too_deep"
+	// WhyEvaluations: validating the answer against its schema would
+	// take more than MaxEvaluations evaluations (affordable).
+	WhyEvaluations = "validation_too_costly"
 )
 
 // Whys lists every value of Result.Why: the reason label's values of
 // tokentap_structure_unchecked_total (a bounded set).
-var Whys = []string{WhyPartial, WhyChoices, WhySchema, WhySchemaBytes, WhySchemaDepth, WhySchemaKeywords, WhySchemaTime, WhyTooDeep}
+var Whys = []string{WhyPartial, WhyChoices, WhySchema, WhySchemaBytes, WhySchemaDepth, WhySchemaKeywords, WhySchemaTime, WhyTooDeep, WhyEvaluations}
 
 // Result is the check of one response: Pass, Fail with the checks that
 // failed, or Unchecked with why. The zero value is no check.
@@ -378,6 +381,12 @@ func (k *Checker) Check(d *stream.Declared, col *stream.Collector, partial, trun
 		if s == nil {
 			isJSON, meets = json.Valid(doc), true
 		} else if inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc)); err == nil {
+			if !affordable(s, inst) {
+				if why == "" {
+					why = WhyEvaluations
+				}
+				return true, true
+			}
 			isJSON, meets = true, s.Validate(inst) == nil
 		}
 		if !isJSON {
