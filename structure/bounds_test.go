@@ -1,6 +1,8 @@
 package structure
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"syscall"
@@ -216,4 +218,59 @@ func TestValidationBounded(t *testing.T) {
 		}
 		t.Logf("%s: %+v in %v of CPU", c.name, r, used)
 	}
+}
+
+// FuzzShape: on JSON, shape's depth and member count are encoding/json's
+// (a walk of its tokens); on anything, it returns, never past the bound
+// by more than one level.
+func FuzzShape(f *testing.F) {
+	for _, s := range []string{`{"a":[1,{"b":"c:{["}]}`, `"\\"{"`, `[[[]]]`, `{"a\"b":{"c":1},"d":[]}`, `{`, `]]]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		depth, members := shape(b, 8)
+		if depth > 9 {
+			t.Fatalf("%q: depth %d past the bound 8 by more than one", b, depth)
+		}
+		if !json.Valid(b) {
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		d, most, keys := 0, 0, 0
+		var open []json.Delim
+		expectKey := false
+		for {
+			tok, err := dec.Token()
+			if err != nil {
+				break
+			}
+			switch v := tok.(type) {
+			case json.Delim:
+				if v == '{' || v == '[' {
+					if expectKey && len(open) > 0 && open[len(open)-1] == '{' {
+						expectKey = false
+					}
+					d++
+					most = max(most, d)
+					open = append(open, v)
+					expectKey = v == '{'
+					continue
+				}
+				d--
+				open = open[:len(open)-1]
+				expectKey = len(open) > 0 && open[len(open)-1] == '{'
+				continue
+			case string:
+				if expectKey {
+					keys++
+					expectKey = false
+					continue
+				}
+			}
+			expectKey = len(open) > 0 && open[len(open)-1] == '{'
+		}
+		if most <= 8 && (depth != most || members != keys) {
+			t.Fatalf("%q: shape %d deep, %d members; encoding/json %d, %d", b, depth, members, most, keys)
+		}
+	})
 }
