@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -273,4 +274,78 @@ func FuzzShape(f *testing.F) {
 			t.Fatalf("%q: shape %d deep, %d members; encoding/json %d, %d", b, depth, members, most, keys)
 		}
 	})
+}
+
+// gate is a compile clock that holds each compile at its first reading
+// until released, and counts the compiles inside at once.
+type gate struct {
+	mu           sync.Mutex
+	inside, most int
+	entered      chan struct{}
+	release      chan struct{}
+}
+
+func (g *gate) read() time.Duration {
+	g.mu.Lock()
+	g.inside++
+	g.most = max(g.most, g.inside)
+	g.mu.Unlock()
+	g.entered <- struct{}{}
+	<-g.release
+	g.mu.Lock()
+	g.inside--
+	g.mu.Unlock()
+	return 0
+}
+
+// Compiles are bounded in number (MaxCompiling): eight checks of eight
+// distinct schemas, each compile held at its clock, have at most two
+// compiles inside at once, and each gets its turn; eight checks of one
+// new schema at once compile it once.
+func TestCompilesInTurn(t *testing.T) {
+	g := &gate{entered: make(chan struct{}), release: make(chan struct{})}
+	k := &Checker{MaxCompiling: 2, cpu: g.read}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			if r := checkCall(k, []byte(fmt.Sprintf(`{"maxProperties":%d}`, i+1)), []byte(`{}`)); r.Status != Pass {
+				t.Errorf("schema %d: %+v", i, r)
+			}
+		})
+	}
+	// Two compiles in: a compile held at its first reading cannot
+	// read again, so the second is another's.
+	<-g.entered
+	<-g.entered
+	g.release <- struct{}{}
+	g.release <- struct{}{}
+	// Each compile reads its clock twice (start, end): 14 readings more.
+	for range 14 {
+		<-g.entered
+		g.mu.Lock()
+		inside := g.inside
+		g.mu.Unlock()
+		if inside > 2 {
+			t.Fatalf("%d compiles inside at once, bound 2", inside)
+		}
+		g.release <- struct{}{}
+	}
+	wg.Wait()
+	if g.most != 2 {
+		t.Fatalf("at most %d compiles at once, want 2", g.most)
+	}
+
+	one := &gate{entered: make(chan struct{}), release: make(chan struct{})}
+	k = &Checker{cpu: one.read}
+	for range 8 {
+		wg.Go(func() { checkCall(k, []byte(`{"type":"object"}`), []byte(`{}`)) })
+	}
+	<-one.entered
+	one.release <- struct{}{}
+	<-one.entered // the one compile's second reading
+	one.release <- struct{}{}
+	wg.Wait()
+	if one.most != 1 || len(k.schemas) != 1 {
+		t.Fatalf("one schema: %d compiles at once, %d cached", one.most, len(k.schemas))
+	}
 }

@@ -189,8 +189,24 @@ type Checker struct {
 	// compiling thread's CPU time).
 	cpu func() time.Duration
 
-	mu      sync.Mutex
-	schemas map[[32]byte]compiled
+	// MaxCompiling bounds the schemas compiled at once; a compile past
+	// it waits for its turn (on the end stages' goroutine, never the
+	// client's). 0 means half the processors (GOMAXPROCS), at least one:
+	// however many clients send schemas, compiles take at most that many
+	// processors' time.
+	MaxCompiling int
+
+	mu       sync.Mutex
+	schemas  map[[32]byte]compiled
+	pending  map[[32]byte]*pendingCompile // compiles under way, each waited on by the checks that need it
+	turns    chan struct{}                // one per compile running (MaxCompiling)
+	turnOnce sync.Once
+}
+
+// pendingCompile is a compile under way: done is closed when c is set.
+type pendingCompile struct {
+	done chan struct{}
+	c    compiled
 }
 
 // compiled is a schema in the cache: compiled, or refused (why says
@@ -224,20 +240,44 @@ func (k *Checker) Record(rec *record.Record, d *stream.Declared, col *stream.Col
 	rec.Structure, rec.StructureFailed, rec.StructureUnchecked = r.Status, r.Failed, r.Why
 }
 
-// schema returns the compiled schema of raw, or why it cannot be used.
+// schema returns the compiled schema of raw, or why it cannot be used:
+// from the cache, or from the one compile of it under way, or compiled
+// now, in turn (MaxCompiling).
 func (k *Checker) schema(raw []byte) compiled {
 	if len(raw) > k.Limits.bytes() { // refused before it is hashed
 		return compiled{why: WhySchemaBytes}
 	}
 	key := sha256.Sum256(raw)
 	k.mu.Lock()
-	c, ok := k.schemas[key]
-	k.mu.Unlock()
-	if ok {
+	if c, ok := k.schemas[key]; ok {
+		k.mu.Unlock()
 		return c
 	}
-	c = k.compile(raw)
+	if p := k.pending[key]; p != nil { // the same schema, compiled once
+		k.mu.Unlock()
+		<-p.done
+		return p.c
+	}
+	p := &pendingCompile{done: make(chan struct{})}
+	if k.pending == nil {
+		k.pending = make(map[[32]byte]*pendingCompile)
+	}
+	k.pending[key] = p
+	k.mu.Unlock()
+	k.turnOnce.Do(func() {
+		n := k.MaxCompiling
+		if n <= 0 {
+			n = max(1, runtime.GOMAXPROCS(0)/2)
+		}
+		k.turns = make(chan struct{}, n)
+	})
+	k.turns <- struct{}{}
+	c := k.compile(raw)
+	<-k.turns
 	k.mu.Lock()
+	delete(k.pending, key)
+	p.c = c
+	close(p.done)
 	limit := k.MaxSchemas
 	if limit <= 0 {
 		limit = 256
