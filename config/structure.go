@@ -41,7 +41,7 @@ var SchemaDrafts = []string{"draft4", "draft6", "draft7", "draft2019", "draft202
 const (
 	MaxSchemaBytesLimit    = 4 << 20
 	MaxSchemaDepthLimit    = 256
-	MaxSchemaKeywordsLimit = 100000
+	MaxSchemaKeywordsLimit = 20000
 	MaxCompileLimit        = 10 * time.Second
 )
 
