@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
 
@@ -347,5 +348,45 @@ func TestCompilesInTurn(t *testing.T) {
 	wg.Wait()
 	if one.most != 1 || len(k.schemas) != 1 {
 		t.Fatalf("one schema: %d compiles at once, %d cached", one.most, len(k.schemas))
+	}
+}
+
+// Record writes the check's names into the record, and a check that
+// panics (here on a nil Declared with a call collected) leaves the
+// record unchecked, check_panicked, instead of losing it.
+func TestRecordPanic(t *testing.T) {
+	k := &Checker{}
+	d := &stream.Declared{Tools: []stream.DeclaredTool{{Name: "f", Schema: []byte(`false`)}}}
+	col := collect(k, d, chatCall("f", []byte(`{}`)))
+	defer col.Release()
+	var rec record.Record
+	k.Record(&rec, d, col, false, false, false)
+	if rec.Structure != Fail || fmt.Sprint(rec.StructureFailed) != "[tool_args_schema]" || rec.StructureUnchecked != "" {
+		t.Fatalf("record %q %v %q, want fail [tool_args_schema]", rec.Structure, rec.StructureFailed, rec.StructureUnchecked)
+	}
+	rec = record.Record{}
+	k.Record(&rec, nil, col, false, false, false)
+	if rec.Structure != Unchecked || rec.StructureFailed != nil || rec.StructureUnchecked != WhyPanic {
+		t.Fatalf("record %q %v %q, want unchecked %s", rec.Structure, rec.StructureFailed, rec.StructureUnchecked, WhyPanic)
+	}
+}
+
+// A compile that panics (here its clock) refuses its schema,
+// check_panicked, gives its turn back and answers the checks: with one
+// turn, the next schema still compiles.
+func TestCompilePanic(t *testing.T) {
+	panics := true
+	k := &Checker{MaxCompiling: 1, cpu: func() time.Duration {
+		if panics {
+			panic("the clock")
+		}
+		return 0
+	}}
+	if r := checkCall(k, []byte(`{"type":"object"}`), []byte(`{}`)); !same(r, Result{Status: Unchecked, Why: WhyPanic}) {
+		t.Fatalf("%+v, want unchecked %s", r, WhyPanic)
+	}
+	panics = false
+	if r := checkCall(k, []byte(`{"type":"array"}`), []byte(`{}`)); !same(r, Result{Status: Fail, Failed: []string{ToolArgsSchema}}) {
+		t.Fatalf("the next schema: %+v, want fail tool_args_schema", r)
 	}
 }

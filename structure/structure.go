@@ -76,11 +76,15 @@ const (
 	// WhyEvaluations: validating the answer against its schema would
 	// take more than MaxEvaluations evaluations (affordable).
 	WhyEvaluations = "validation_too_costly"
+	// WhyPanic: the check panicked (the schema library on a schema or an
+	// answer it did not expect); the request keeps its record, and a
+	// schema whose compile panicked is refused as long as it is cached.
+	WhyPanic = "check_panicked"
 )
 
 // Whys lists every value of Result.Why: the reason label's values of
 // tokentap_structure_unchecked_total (a bounded set).
-var Whys = []string{WhyPartial, WhyChoices, WhySchema, WhySchemaBytes, WhySchemaDepth, WhySchemaKeywords, WhySchemaTime, WhyTooDeep, WhyEvaluations}
+var Whys = []string{WhyPartial, WhyChoices, WhySchema, WhySchemaBytes, WhySchemaDepth, WhySchemaKeywords, WhySchemaTime, WhyTooDeep, WhyEvaluations, WhyPanic}
 
 // Result is the check of one response: Pass, Fail with the checks that
 // failed, or Unchecked with why. The zero value is no check.
@@ -230,14 +234,18 @@ func (k *Checker) Collector(d *stream.Declared) *stream.Collector {
 }
 
 // Record checks (Check) and writes the result's names into rec: its
-// Structure, StructureFailed and StructureUnchecked. A nil Checker
-// writes nothing.
+// Structure, StructureFailed and StructureUnchecked. A check that
+// panics writes unchecked, WhyPanic. A nil Checker writes nothing.
 func (k *Checker) Record(rec *record.Record, d *stream.Declared, col *stream.Collector, partial, truncated, lost bool) {
 	if k == nil {
 		return
 	}
-	r := k.Check(d, col, partial, truncated, lost)
-	rec.Structure, rec.StructureFailed, rec.StructureUnchecked = r.Status, r.Failed, r.Why
+	r := Result{Status: Unchecked, Why: WhyPanic}
+	defer func() {
+		_ = recover()
+		rec.Structure, rec.StructureFailed, rec.StructureUnchecked = r.Status, r.Failed, r.Why
+	}()
+	r = k.Check(d, col, partial, truncated, lost)
 }
 
 // schema returns the compiled schema of raw, or why it cannot be used:
@@ -271,9 +279,7 @@ func (k *Checker) schema(raw []byte) compiled {
 		}
 		k.turns = make(chan struct{}, n)
 	})
-	k.turns <- struct{}{}
-	c := k.compile(raw)
-	<-k.turns
+	c := k.compileInTurn(raw)
 	k.mu.Lock()
 	delete(k.pending, key)
 	p.c = c
@@ -288,6 +294,21 @@ func (k *Checker) schema(raw []byte) compiled {
 	k.schemas[key] = c
 	k.mu.Unlock()
 	return c
+}
+
+// compileInTurn compiles raw when its turn comes (MaxCompiling). A
+// compile that panics (the schema library on a schema it did not
+// expect) is a schema refused, WhyPanic: its turn is given back and
+// the checks waiting for it are answered.
+func (k *Checker) compileInTurn(raw []byte) (c compiled) {
+	k.turns <- struct{}{}
+	defer func() {
+		<-k.turns
+		if recover() != nil {
+			c = compiled{why: WhyPanic}
+		}
+	}()
+	return k.compile(raw)
 }
 
 // compile compiles a schema within k.Limits (its bytes are checked
