@@ -665,7 +665,9 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 // started (endStages), then its place among those in flight given up,
 // so that whoever Waits for the proxy finds the stages already counted
 // in Options.Ends. All but the stages are done when end returns; see
-// ServeHTTP's design note for why on another goroutine.
+// ServeHTTP's design note for why on another goroutine. The body's peek
+// goes back to Options.PeekBudget then, or, when a structure check is
+// to run, once it has (the declared schemas it reads are in that body).
 func (p *Proxy) end(st *reqState) {
 	onOwnStack(func() {
 		defer p.inflight.remove(st) // after the stages are counted (Wait); also on a panic

@@ -69,7 +69,9 @@ func hostileSchemas() map[string]string {
 // request through a proxy without the check. Released, the check costs
 // at most 50 ms of CPU (measured around it) and the record says
 // unchecked with the bound that refused the schema, counted under
-// tokentap_structure_unchecked_total{reason}.
+// tokentap_structure_unchecked_total{reason}. The body's peek (the
+// schema is in it) stays on the PeekBudget while the check is held, and
+// is given back once it has run.
 func TestHostileSchemaNeverHoldsTheClient(t *testing.T) {
 	answer := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"abcdef\":{}}"}}]},"finish_reason":null}]}` + "\n\n" +
 		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\ndata: [DONE]\n\n"
@@ -97,9 +99,13 @@ func TestHostileSchemaNeverHoldsTheClient(t *testing.T) {
 
 		g := &gatedCheck{k: &structure.Checker{}, entered: make(chan struct{}, 1), release: make(chan struct{})}
 		var ends Ends
-		fs, sink, m := judged(t, up, Options{PeekBytes: 8 << 20, Structure: g, Ends: &ends})
+		budget := NewPeekBudget(64 << 20)
+		fs, sink, m := judged(t, up, Options{PeekBytes: 8 << 20, Structure: g, Ends: &ends, PeekBudget: budget})
 		got := post(fs.URL) // the whole answer, to its EOF, while the check is held
 		<-g.entered
+		if budget.Held() < int64(len(body)) {
+			t.Errorf("%s: %d bytes on the peek budget while the check reads the %d-byte body", why, budget.Held(), len(body))
+		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%s: the client got %q, without the check %q", why, got, want)
 		}
@@ -109,6 +115,9 @@ func TestHostileSchemaNeverHoldsTheClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
+		if budget.Held() != 0 {
+			t.Errorf("%s: %d bytes still on the peek budget after the check", why, budget.Held())
+		}
 		r := only(t, sink)
 		if r.Outcome != record.Success || r.Structure != structure.Unchecked || r.StructureUnchecked != why {
 			t.Fatalf("%s: outcome %s, structure %q %q", why, r.Outcome, r.Structure, r.StructureUnchecked)
