@@ -335,7 +335,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	// same pipeline.
 	probeSecret := randomHex(16)
 	if cfg.SLO.StructureChecks() { // one checker: one schema cache for every proxy
-		s.structure = &structure.Checker{}
+		s.structure = &structure.Checker{DefaultDraft: cfg.Structure.DefaultDraft, Limits: structure.Limits{
+			MaxSchemaBytes: cfg.Structure.MaxSchemaBytes, MaxSchemaDepth: cfg.Structure.MaxSchemaDepth,
+			MaxSchemaKeywords: cfg.Structure.MaxSchemaKeywords, MaxCompile: cfg.Structure.MaxCompile}}
 	}
 	s.peeks = newPeekBudget(cfg.PeekBudget, metrics.Registry) // shared with the egress proxy
 	s.proxy, err = proxy.New(proxy.Options{
@@ -350,7 +352,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		BodyMinRate:     cfg.BodyMinRate,
 		Ends:            &s.ends,
-		Structure:       s.structure,
+		Structure:       s.proxyStructure(),
 		Tenants:         s.proxyTenants(),
 		Via:             s.via,
 	})
@@ -439,6 +441,15 @@ func (s *Sidecar) proxyTenants() proxy.Tenants {
 		return nil
 	}
 	return s.tenants
+}
+
+// proxyStructure is the structure checker for the proxies: nil (no
+// interface holding a nil pointer) when no SLO requires the checks.
+func (s *Sidecar) proxyStructure() proxy.Structure {
+	if s.structure == nil {
+		return nil
+	}
+	return s.structure
 }
 
 // startSimulator starts the built-in engine on a loopback port; Close

@@ -33,7 +33,7 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       cfg.IdleTimeout,
 		ProbeHeader:       probeSecret,
-		Structure:         s.structure,
+		Structure:         s.proxyStructure(),
 		Tenants:           s.proxyTenants(),
 		Via:               s.via,
 	})

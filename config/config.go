@@ -109,6 +109,10 @@ type Config struct {
 	// Tenant resolves who each request is for (docs/config.md, tenant);
 	// off unless tenant.from is set.
 	Tenant Tenant `yaml:"tenant"`
+	// Structure bounds the structure checks' schemas and names the draft
+	// of a schema that names none (docs/slo.md, "Structure"); read only
+	// when an SLO requires structure.
+	Structure Structure `yaml:"structure"`
 
 	// Check, when set by --config.check, validates and exits.
 	Check bool `yaml:"-"`
@@ -481,6 +485,7 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Simulator.Validate()...)
 	errs = append(errs, c.SLO.WithDefaults().Validate()...)
 	errs = append(errs, c.Probes.Validate()...)
+	errs = append(errs, c.Structure.Validate()...)
 	errs = append(errs, c.Energy.Validate()...)
 	errs = append(errs, c.Tracing.Validate()...)
 	errs = append(errs, c.Engine.Validate()...)

@@ -47,7 +47,6 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
-	"github.com/tokentap/tokentap/structure"
 )
 
 // Options configures a Proxy.
@@ -86,7 +85,7 @@ type Options struct {
 	Tenants proxy.Tenants
 	// Structure checks the structure of answers (proxy.Options.Structure);
 	// nil checks nothing.
-	Structure *structure.Checker
+	Structure proxy.Structure
 	// Via is the sidecar's pseudonym in the Via header
 	// (proxy.Options.Via): added to every intercepted request forwarded,
 	// and an intercepted request that carries it already is a loop,

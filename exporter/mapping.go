@@ -101,6 +101,7 @@ const (
 	UpstreamPhase // the connection phases (docs/measurement.md §1)
 	StructureChecked
 	StructureFailures
+	StructureUnchecked
 	SLOFastInvalid
 	SLOOfferedByTenant // the SLO counters again by tenant, when tenants are on
 	SLOQualifiedByTenant
@@ -252,6 +253,8 @@ var specs = [numInstruments]Spec{
 	// The structure checks (docs/slo.md, "Structure"): names only.
 	StructureChecked: {Prom: "tokentap_structure_checks_total", OTel: "tokentap.structure.checks", Unit: "{request}", Counter: true, Labels: withExtra(LResult),
 		Help: "Answers whose structure was checked (the request declared tools or a JSON output, and an SLO requires structure), by result: pass, fail, unchecked (the request body was not read whole, several choices, or a schema that does not compile)."},
+	StructureUnchecked: {Prom: "tokentap_structure_unchecked_total", OTel: "tokentap.structure.unchecked", Unit: "{request}", Counter: true, Labels: withExtra(LReason),
+		Help: "Answers whose structure was not checked, by reason: request_partial, choices, schema_unusable, a declared schema over a bound (schema_too_large, schema_too_deep, schema_too_many_keywords, schema_too_slow), json_too_deep, validation_too_costly, check_panicked (structure.Whys; docs/slo.md, \"What a schema may cost\")."},
 	StructureFailures: {Prom: "tokentap_structure_failures_total", OTel: "tokentap.structure.failures", Unit: "{request}", Counter: true, Labels: withExtra(LCheck),
 		Help: "Answers that failed a structure check, by check: tool_args_invalid_json, tool_args_schema, unknown_tool, output_invalid_json, output_schema, truncated_json, too_large. An answer failing two checks counts under both."},
 	SLOFastInvalid: {Prom: "tokentap_slo_fast_invalid_total", OTel: "tokentap.slo.fast_invalid", Unit: "{request}", Counter: true, Labels: []Label{LSLO},
@@ -381,6 +384,10 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 		for _, c := range r.StructureFailed {
 			l[LCheck] = c
 			emit(StructureFailures, 1, &l)
+		}
+		if r.StructureUnchecked != "" {
+			l[LReason] = r.StructureUnchecked
+			emit(StructureUnchecked, 1, &l)
 		}
 	}
 	if r.EnergySource != "" && r.EnergySource != "none" && r.OutputTokens > 0 {

@@ -85,6 +85,6 @@ func (p *Proxy) refuseLoop(w http.ResponseWriter, r *http.Request) bool {
 		p.log.Error("loop detected: a request came back to this sidecar (its Via names it); answered 508 and recorded as error/loop_detected: the upstream, or something behind it, leads back here",
 			"via", p.opts.Via, "upstream", p.opts.Upstream.Redacted(), "path", r.URL.Path)
 	}
-	p.endStages(q, rec, nil)
+	p.endStages(q, rec, nil, nil)
 	return true
 }

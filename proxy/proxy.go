@@ -26,7 +26,6 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
-	"github.com/tokentap/tokentap/structure"
 )
 
 // Options configures a Proxy.
@@ -114,8 +113,10 @@ type Options struct {
 	Tenants Tenants
 	// Structure, if set, checks the structure of the answers to requests
 	// that declare tools or a JSON output (docs/slo.md, "Structure"):
-	// record.Record.Structure. Nil checks nothing and keeps nothing.
-	Structure *structure.Checker
+	// record.Record.Structure. The check runs with the end stages, after
+	// the client's response is complete. Nil checks nothing and keeps
+	// nothing.
+	Structure Structure
 	// Via is this sidecar's pseudonym in the Via header
 	// ("tokentap-<instance id>", one per process, shared by its
 	// proxies): every forwarded request carries it, and a request that
@@ -476,7 +477,7 @@ func (p *Proxy) stageUnended(r *http.Request, st *reqState) {
 		}
 	}
 	st.staged = true
-	p.endStages(st.obs, rec, nil)
+	p.endStages(st.obs, rec, nil, nil)
 }
 
 // onOwnStack runs fn on a new goroutine and waits for it; a panic in fn
@@ -573,7 +574,7 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 			rec.HTTPStatus, st.answered = status, true
 			http.Error(w, "tokentap: reading request body: "+err.Error(), status)
 			st.obs, st.finished, st.staged = q, true, true
-			p.endStages(q, rec, nil)
+			p.endStages(q, rec, nil, nil)
 			return pipeline.Start{}, false
 		}
 		info, r.Body = in, body
@@ -675,23 +676,34 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 // started (endStages), then its place among those in flight given up,
 // so that whoever Waits for the proxy finds the stages already counted
 // in Options.Ends. All but the stages are done when end returns; see
-// ServeHTTP's design note for why on another goroutine.
+// ServeHTTP's design note for why on another goroutine. The body's peek
+// goes back to Options.PeekBudget then, or, when a structure check is
+// to run, once it has (the declared schemas it reads are in that body).
 func (p *Proxy) end(st *reqState) {
 	onOwnStack(func() {
 		defer p.inflight.remove(st) // after the stages are counted (Wait); also on a panic
-		captured := func() []byte {
-			defer p.release(st) // also when finish panics
-			return p.finish(st)
+		var check func()
+		captured := func() (captured []byte) {
+			defer func() { p.release(st, check == nil) }() // also when finish panics
+			captured, check = p.finish(st)
+			return captured
 		}()
+		if check != nil { // it reads the declared schemas in the peeked body: the peek goes back after it
+			c, held := check, st.info.held
+			check = func() { defer p.opts.PeekBudget.give(held); c() }
+		}
 		st.staged = true
-		p.endStages(st.obs, st.rec, captured)
+		p.endStages(st.obs, st.rec, captured, check)
 	})
 }
 
-// release gives back a request's peek budget and releases its contexts
-// (end takes it out of those in flight after its stages).
-func (p *Proxy) release(st *reqState) {
-	p.opts.PeekBudget.give(st.info.held)
+// release gives back a request's peek budget (unless budget is false: a
+// structure check still reads the body) and releases its contexts (end
+// takes it out of those in flight after its stages).
+func (p *Proxy) release(st *reqState, budget bool) {
+	if budget {
+		p.opts.PeekBudget.give(st.info.held)
+	}
 	st.cut(nil)
 	if st.switchTimer != nil {
 		st.switchTimer.Stop()
@@ -701,14 +713,18 @@ func (p *Proxy) release(st *reqState) {
 	}
 }
 
-// endStages runs the pipeline's end stages on a settled record: on a
-// goroutine of their own, counted in Options.Ends, when it is set (the
-// client's response completes meanwhile: net/http ends it when the
-// handler returns); before it returns otherwise. A panic in a stage on
-// its own goroutine is logged, as net/http logs a handler's.
-func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []byte) {
+// endStages runs the structure check (check, if not nil), then the
+// pipeline's end stages on a settled record: on a goroutine of their
+// own, counted in Options.Ends, when it is set (the client's response
+// completes meanwhile: net/http ends it when the handler returns);
+// before it returns otherwise. A panic in a stage on its own goroutine
+// is logged, as net/http logs a handler's.
+func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []byte, check func()) {
 	e := p.opts.Ends
 	if e == nil {
+		if check != nil {
+			check()
+		}
 		q.End(rec, captured)
 		return
 	}
@@ -722,6 +738,9 @@ func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []by
 				p.opts.Pipeline.InternalError(InternalEnd)
 			}
 		}()
+		if check != nil {
+			check()
+		}
 		q.End(rec, captured)
 	}()
 }
@@ -786,7 +805,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		resp.Header.Del("Content-Length")
 	}
 	st.tap = newTap(resp.Body, st, kind, format, strip, p.opts.MaxParseBytes)
-	if resp.StatusCode < 300 && kind != bodyOpaque {
+	if resp.StatusCode < 300 && kind != bodyOpaque && p.opts.Structure != nil {
 		st.tap.col = p.opts.Structure.Collector(&st.info.Declared)
 	}
 	if api != record.APIOther && resp.StatusCode < 300 && answer {
@@ -857,11 +876,12 @@ func upstreamTLS(err error) bool {
 
 // finish decides the outcome and settles the record for the pipeline's
 // end stages; it returns the response body kept for content capture, or
-// nil. docs/measurement.md §3: every request that arrived gets exactly
-// one outcome.
-func (p *Proxy) finish(st *reqState) []byte {
+// nil, and the structure check to run with the end stages, or nil.
+// docs/measurement.md §3: every request that arrived gets exactly one
+// outcome.
+func (p *Proxy) finish(st *reqState) ([]byte, func()) {
 	if st.finished {
-		return nil
+		return nil, nil
 	}
 	st.finished = true
 	rec := st.rec
@@ -890,11 +910,11 @@ func (p *Proxy) finish(st *reqState) []byte {
 		p.outcome(st, t, now)
 	}
 	p.tokens(st)
-	p.checkStructure(st)
+	check := p.structureCheck(st)
 	if t != nil {
-		return t.captured
+		return t.captured, check
 	}
-	return nil
+	return nil, check
 }
 
 func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {

@@ -282,13 +282,14 @@ type Declared struct {
 	// json_object or json_schema, Responses' text.format, Ollama's
 	// format, Gemini's responseMimeType application/json).
 	JSON bool
-	// Schema is the output's JSON Schema (raw, aliasing the body); nil:
-	// any JSON.
+	// Schema is the output's JSON Schema (raw, aliasing the body: an
+	// object or a boolean); nil: any JSON.
 	Schema []byte
 }
 
 // DeclaredTool is one declared tool: its name (unescaped) and its
-// parameters' JSON Schema (raw, aliasing the body; nil: none given).
+// parameters' JSON Schema (raw, aliasing the body: an object or a
+// boolean; nil: none given).
 type DeclaredTool struct {
 	Name   string
 	Schema []byte
@@ -301,6 +302,12 @@ func (d *Declared) Any() bool { return len(d.Tools) > 0 || d.JSON }
 // rest are not read, and a call to one of them is an unknown tool (an
 // API takes a few dozen at most: OpenAI documents 128).
 const MaxDeclaredTools = 256
+
+// isSchema reports whether the JSON value v can be a JSON Schema: an
+// object, or a boolean (true: every instance is valid; false: none).
+func isSchema(v []byte) bool {
+	return isObject(v) || string(v) == "true" || string(v) == "false"
+}
 
 // member returns the value of the member path ("function.name") of the
 // object v, nil when absent.
@@ -353,7 +360,7 @@ func (d *Declared) addTools(tools []byte, names, schemas []string) {
 			}
 		}
 		for _, p := range schemas {
-			if v := member(t, p); isObject(v) {
+			if v := member(t, p); isSchema(v) {
 				dt.Schema = v
 				break
 			}
@@ -379,7 +386,7 @@ func declaresOpenAI(m func(string) []byte) (d Declared) {
 		d.JSON = true
 	case "json_schema":
 		d.JSON = true
-		if s := member(rf, "json_schema.schema"); isObject(s) {
+		if s := member(rf, "json_schema.schema"); isSchema(s) {
 			d.Schema = s
 		}
 	}
@@ -412,7 +419,7 @@ func declaresResponses(m func(string) []byte) (d Declared) {
 		d.JSON = true
 	case "json_schema":
 		d.JSON = true
-		if s := member(f, "schema"); isObject(s) {
+		if s := member(f, "schema"); isSchema(s) {
 			d.Schema = s
 		}
 	}
@@ -442,7 +449,7 @@ func declaresGemini(m func(string) []byte) (d Declared) {
 	if str(member(gc, "responseMimeType")) == "application/json" {
 		d.JSON = true
 		for _, p := range []string{"responseJsonSchema", "responseSchema"} {
-			if s := member(gc, p); isObject(s) {
+			if s := member(gc, p); isSchema(s) {
 				d.Schema = s
 				break
 			}

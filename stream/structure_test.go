@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -91,8 +92,8 @@ func TestParseCollectAssembles(t *testing.T) {
 
 // FuzzDeclared: whatever a request body holds, what each API reads of
 // its declarations is bounded and well formed: at most
-// MaxDeclaredTools tools, each named, each schema a JSON object, an
-// output schema only with a JSON output.
+// MaxDeclaredTools tools, each named, each schema a JSON object or a
+// boolean, an output schema only with a JSON output.
 func FuzzDeclared(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}}}`,
@@ -101,6 +102,7 @@ func FuzzDeclared(f *testing.F) {
 		`{"tools":[{"functionDeclarations":[{"name":"g","parameters":{"type":"OBJECT"}}]}],"generationConfig":{"responseMimeType":"application/json","responseSchema":{"type":"OBJECT"}}}`,
 		`{"model":"m","format":"json","tools":[{"function":{"name":"a"}},{"function":{"name":""}}]}`,
 		`{"format":{"type":"object"},"tools":[1,"x",{"function":{"name":1}}]}`,
+		`{"tools":[{"type":"function","function":{"name":"f","parameters":false}}],"response_format":{"type":"json_schema","json_schema":{"schema":true}}}`,
 	} {
 		for i := range 6 {
 			f.Add(uint8(i), []byte(s))
@@ -115,13 +117,37 @@ func FuzzDeclared(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		a := declaring[int(which)%len(declaring)]
 		d := a.Request.Declares(func(k string) []byte { return member(body, k) })
-		if len(d.Tools) > MaxDeclaredTools || (d.Schema != nil && (!d.JSON || !isObject(d.Schema))) {
+		if len(d.Tools) > MaxDeclaredTools || (d.Schema != nil && (!d.JSON || !isSchema(d.Schema))) {
 			t.Fatalf("%s %q: %d tools, JSON %v schema %q", a.Name, body, len(d.Tools), d.JSON, d.Schema)
 		}
 		for _, tl := range d.Tools {
-			if tl.Name == "" || (tl.Schema != nil && !isObject(tl.Schema)) {
+			if tl.Name == "" || (tl.Schema != nil && !isSchema(tl.Schema)) {
 				t.Fatalf("%s %q: tool %q schema %q", a.Name, body, tl.Name, tl.Schema)
 			}
 		}
 	})
+}
+
+// TestDeclaredBooleanSchemas: a schema may be a boolean (true: every
+// instance is valid, false: none), and each API's declarations keep it
+// as one, for a tool's parameters and for the output.
+func TestDeclaredBooleanSchemas(t *testing.T) {
+	for _, c := range []struct{ api, body string }{
+		{NameChat, `{"tools":[{"type":"function","function":{"name":"f","parameters":%s}}],"response_format":{"type":"json_schema","json_schema":{"schema":%[1]s}}}`},
+		{NameResponses, `{"tools":[{"type":"function","name":"f","parameters":%s}],"text":{"format":{"type":"json_schema","schema":%[1]s}}}`},
+		{NameMessages, `{"tools":[{"name":"f","input_schema":%s}]}`},
+		{NameGemini, `{"tools":[{"functionDeclarations":[{"name":"f","parametersJsonSchema":%s}]}],"generationConfig":{"responseMimeType":"application/json","responseJsonSchema":%[1]s}}`},
+	} {
+		a := LookupAPI(c.api)
+		if a == nil || a.Request.Declares == nil {
+			t.Fatalf("no API %q declaring tools", c.api)
+		}
+		for _, b := range []string{"true", "false"} {
+			body := []byte(fmt.Sprintf(c.body, b))
+			d := a.Request.Declares(func(k string) []byte { return member(body, k) })
+			if len(d.Tools) != 1 || string(d.Tools[0].Schema) != b || (c.api != NameMessages && string(d.Schema) != b) {
+				t.Errorf("%s, schema %s: tools %+v, output schema %q", c.api, b, d.Tools, d.Schema)
+			}
+		}
+	}
 }

@@ -95,9 +95,9 @@ func TestSchemaCacheBounded(t *testing.T) {
 	k := &Checker{MaxSchemas: 2}
 	for i := range 5 {
 		raw := []byte(`{"type":"object","maxProperties":` + string(rune('1'+i)) + `}`)
-		s := k.schema(raw)
-		if s == nil || k.schema(raw) != s {
-			t.Fatalf("schema %d compiled %p, again %p", i, s, k.schema(raw))
+		s := k.schema(raw).s
+		if s == nil || k.schema(raw).s != s {
+			t.Fatalf("schema %d compiled %p, again %p", i, s, k.schema(raw).s)
 		}
 		if len(k.schemas) > 2 {
 			t.Fatalf("%d schemas cached, bound 2", len(k.schemas))
@@ -128,10 +128,10 @@ func FuzzCheck(f *testing.F) {
 	f.Add([]byte(``), []byte(``), []byte(`{"$ref":"file:///etc/passwd"}`), []byte(`{}`), uint8(16))
 	f.Fuzz(func(t *testing.T, args, text, toolSchema, outSchema []byte, flags uint8) {
 		d := &stream.Declared{Tools: []stream.DeclaredTool{{Name: "t"}}, JSON: flags&1 != 0}
-		if json.Valid(toolSchema) && bytes.HasPrefix(bytes.TrimSpace(toolSchema), []byte("{")) {
-			d.Tools[0].Schema = toolSchema // Declared holds only objects as schemas
+		if isSchema(toolSchema) {
+			d.Tools[0].Schema = toolSchema // Declared holds only objects and booleans as schemas
 		}
-		if d.JSON && json.Valid(outSchema) && bytes.HasPrefix(bytes.TrimSpace(outSchema), []byte("{")) {
+		if d.JSON && isSchema(outSchema) {
 			d.Schema = outSchema
 		}
 		call := flags&2 != 0
@@ -180,12 +180,25 @@ func FuzzCheck(f *testing.F) {
 			return
 		}
 		a := bytes.TrimSpace(args)
+		if r.Why == WhyTooDeep {
+			if d, _ := shape(a, MaxJSONDepth); d <= MaxJSONDepth {
+				t.Fatalf("arguments %d deep: %+v", d, r)
+			}
+			return
+		}
 		valid := len(a) == 0 || json.Valid(a)
 		invalid := slices.Contains(r.Failed, ToolArgsInvalidJSON) || slices.Contains(r.Failed, TruncatedJSON)
 		if valid == invalid || (!valid && truncated != slices.Contains(r.Failed, TruncatedJSON)) {
 			t.Fatalf("arguments %q (valid %v, cut %v): %+v", args, valid, truncated, r)
 		}
 	})
+}
+
+// isSchema reports whether b is JSON that Declared takes as a schema: an
+// object or a boolean.
+func isSchema(b []byte) bool {
+	t := bytes.TrimSpace(b)
+	return json.Valid(t) && (bytes.HasPrefix(t, []byte("{")) || string(t) == "true" || string(t) == "false")
 }
 
 // BenchmarkCheck4KiB is what the check itself costs at a request's end
