@@ -155,6 +155,8 @@ type fileHandle interface {
 type fileHooks struct {
 	open        func(path string) (fileHandle, error) // nil: openAppend
 	beforeWrite func()                                // called by the writer before each write(2)
+	afterTick   func()                                // called by the writer after each CheckInterval's work
+	reopening   func()                                // called by Reopen before it asks the writer
 }
 
 const (
@@ -301,6 +303,9 @@ func (f *File) Reopen() error {
 		return ErrFileClosed
 	}
 	reply := make(chan error, 1)
+	if f.hooks.reopening != nil {
+		f.hooks.reopening()
+	}
 	select {
 	case f.reopenReq <- reply:
 	case <-f.done:
@@ -396,6 +401,9 @@ func (f *File) run() {
 				f.checkPath()
 			}
 			f.lim.report(f, false)
+			if f.hooks.afterTick != nil {
+				f.hooks.afterTick()
+			}
 		case <-f.abort:
 			f.abandon()
 			return

@@ -456,19 +456,27 @@ func TestFileFaultLogRateLimited(t *testing.T) {
 	c := &faultControl{writeErr: syscall.ENOSPC}
 	log, logs := testLogger()
 	path := filepath.Join(t.TempDir(), "records.jsonl")
+	var ticks atomic.Int64
 	f, err := openFile(path, FileOptions{Logger: log, Clock: clock, CheckInterval: 5 * time.Millisecond},
-		fileHooks{open: faultyOpen(c)})
+		fileHooks{open: faultyOpen(c), afterTick: func() { ticks.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeFile(t, f)
+	// ticksPass waits until the writer has done n more rounds of its
+	// periodic work (each could have logged a line).
+	ticksPass := func(n int64) {
+		t.Helper()
+		from := ticks.Load()
+		waitFor(t, 10*time.Second, "the writer's ticks", func() bool { return ticks.Load() >= from+n })
+	}
 	c.failWrites.Store(5)
 	for i := range 5 {
 		f.Write(fileRecord(fmt.Sprintf("r-%d", i), 10))
 		settle(t, f, i+1)
 		now.Add(int64(time.Second))
 	}
-	time.Sleep(50 * time.Millisecond) // ticks, inside the 10 s
+	ticksPass(3) // inside the 10 s
 	if got := logs.lines("write failed"); got != 1 {
 		t.Fatalf("%d fault lines within 10 s, want 1:\n%s", got, logs)
 	}
@@ -480,7 +488,7 @@ func TestFileFaultLogRateLimited(t *testing.T) {
 	if !strings.Contains(logs.String(), "write_errors=4 dropped=4") || !strings.Contains(logs.String(), "no space left on device") {
 		t.Fatalf("summary should count the 4 later errors and name the error:\n%s", logs)
 	}
-	time.Sleep(30 * time.Millisecond)
+	ticksPass(3)
 	if got := logs.lines("write failed"); got != 2 {
 		t.Fatalf("%d fault lines, want 2 (nothing new to report):\n%s", got, logs)
 	}
@@ -520,12 +528,13 @@ func TestFileReopenWritesQueuedFirst(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "records.jsonl")
 	var armed atomic.Bool
 	entered, release := make(chan struct{}), make(chan struct{})
+	reopening := make(chan struct{}, 1)
 	hooks := fileHooks{beforeWrite: func() {
 		if armed.CompareAndSwap(true, false) {
 			entered <- struct{}{}
 			<-release
 		}
-	}}
+	}, reopening: func() { reopening <- struct{}{} }}
 	f, err := openFile(path, FileOptions{}, hooks)
 	if err != nil {
 		t.Fatal(err)
@@ -543,7 +552,7 @@ func TestFileReopenWritesQueuedFirst(t *testing.T) {
 		}
 		errc := make(chan error, 1)
 		go func() { errc <- f.Reopen() }()
-		time.Sleep(10 * time.Millisecond) // let Reopen wait on the writer
+		<-reopening // Reopen waits on the stuck writer
 		release <- struct{}{}
 		if err := <-errc; err != nil {
 			t.Fatal(err)
