@@ -19,6 +19,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // canned answers every request at once with the same 64-token stream
@@ -161,12 +162,12 @@ func BenchmarkEnd(b *testing.B) {
 			}
 			defer c.Close(context.Background())
 			rec := record.New(0)
-			rec.API, rec.Outcome, rec.InputTokens, rec.OutputTokens, rec.TokenSource = record.APIChat, record.Success, int64(len(body)/4), 64, "usage"
+			rec.API, rec.Outcome, rec.InputTokens, rec.OutputTokens, rec.TokenSource = stream.NameChat, record.Success, int64(len(body)/4), 64, "usage"
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
 				rec.Arrive = time.Now()
-				c.Track(capture.Request{Arrive: rec.Arrive, API: record.APIChat, Body: body}).End(rec, "m1")
+				c.Track(capture.Request{Arrive: rec.Arrive, API: stream.NameChat, Body: body}).End(rec, "m1")
 			}
 		})
 	}

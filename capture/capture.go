@@ -247,8 +247,8 @@ func (c *Capture) settle() {
 type Request struct {
 	// Arrive is the record's arrival.
 	Arrive time.Time
-	// API is the request's API (record.API).
-	API record.API
+	// API is the request's API (stream.Name).
+	API stream.Name
 	// Body is the request's body, or the peek's prefix of it when Partial;
 	// it is read when the request ends, never written.
 	Body    []byte

@@ -134,7 +134,7 @@ func open(t *testing.T, o Options) (*Capture, string) {
 
 func rec(at time.Time, in, out int64) *record.Record {
 	r := record.New(0)
-	r.Arrive, r.API, r.Outcome, r.InputTokens, r.OutputTokens, r.TokenSource = at, record.APIChat, record.Success, in, out, "usage"
+	r.Arrive, r.API, r.Outcome, r.InputTokens, r.OutputTokens, r.TokenSource = at, stream.NameChat, record.Success, in, out, "usage"
 	r.Terminal = at.Add(time.Second)
 	return r
 }
@@ -167,8 +167,8 @@ func TestArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, path := open(t, Options{})
 		t0 := time.Now()
-		a := c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)})
-		b := c.Track(Request{Arrive: t0.Add(10 * time.Millisecond), API: record.APIChat, Body: []byte(body)})
+		a := c.Track(Request{Arrive: t0, API: stream.NameChat, Body: []byte(body)})
+		b := c.Track(Request{Arrive: t0.Add(10 * time.Millisecond), API: stream.NameChat, Body: []byte(body)})
 		b.End(rec(t0.Add(10*time.Millisecond), 2, 2), "m")
 		if st := c.Stats(); st.Held != 1 {
 			t.Errorf("held %d, want 1 (waiting for the earlier arrival)", st.Held)
@@ -193,10 +193,10 @@ func TestHoldFullDropsLate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, path := open(t, Options{Hold: 2})
 		t0 := time.Now()
-		slow := c.Track(Request{Arrive: t0, API: record.APIChat})
+		slow := c.Track(Request{Arrive: t0, API: stream.NameChat})
 		for i := range 3 {
 			at := t0.Add(time.Duration(i+1) * time.Millisecond)
-			c.Track(Request{Arrive: at, API: record.APIChat}).End(rec(at, 1, 1), "m")
+			c.Track(Request{Arrive: at, API: stream.NameChat}).End(rec(at, 1, 1), "m")
 		}
 		slow.End(rec(t0, 1, 1), "m")
 		if err := c.Close(context.Background()); err != nil {
@@ -220,8 +220,8 @@ func TestSettle(t *testing.T) {
 		t0 := time.Now()
 		time.Sleep(100 * time.Millisecond)
 		late := t0.Add(50 * time.Millisecond)
-		c.Track(Request{Arrive: late, API: record.APIChat}).End(rec(late, 2, 2), "m")
-		c.Track(Request{Arrive: t0, API: record.APIChat}).End(rec(t0, 1, 1), "m")
+		c.Track(Request{Arrive: late, API: stream.NameChat}).End(rec(late, 2, 2), "m")
+		c.Track(Request{Arrive: t0, API: stream.NameChat}).End(rec(t0, 1, 1), "m")
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		if st := c.Stats(); st.Held != 0 || st.Late != 0 {
@@ -244,7 +244,7 @@ func TestRotationRestarts(t *testing.T) {
 		t0 := time.Now()
 		one := func(at time.Time, prompt string) {
 			b, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": prompt}}})
-			c.Track(Request{Arrive: at, API: record.APIChat, Body: b}).End(rec(at, 1500, 1), "m")
+			c.Track(Request{Arrive: at, API: stream.NameChat, Body: b}).End(rec(at, 1500, 1), "m")
 		}
 		one(t0, strings.Repeat("a", 9000))
 		one(t0.Add(time.Second), strings.Repeat("b", 9000))
@@ -280,7 +280,7 @@ func TestTableTurns(t *testing.T) {
 		for i := range 6 {
 			at := t0.Add(time.Duration(i) * time.Millisecond)
 			b, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": strings.Repeat(string(rune('a'+i%3)), 3000)}}})
-			c.Track(Request{Arrive: at, API: record.APIChat, Body: b}).End(rec(at, 512, 1), "m")
+			c.Track(Request{Arrive: at, API: stream.NameChat, Body: b}).End(rec(at, 512, 1), "m")
 		}
 		if err := c.Close(context.Background()); err != nil {
 			t.Fatal(err)
@@ -301,7 +301,7 @@ func TestTableTurns(t *testing.T) {
 		for i := range 8 {
 			at := t0.Add(time.Duration(i) * time.Millisecond)
 			b, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": strings.Repeat(string(rune('a'+i)), 3000)}}})
-			c.Track(Request{Arrive: at, API: record.APIChat, Body: b}).End(rec(at, 512, 1), "m")
+			c.Track(Request{Arrive: at, API: stream.NameChat, Body: b}).End(rec(at, 512, 1), "m")
 		}
 		c.Close(context.Background())
 		if c.Stats().TableTurns == 0 {
@@ -318,10 +318,10 @@ func TestLengthsFrom(t *testing.T) {
 		t0 := time.Now()
 		r := rec(t0, -1, 7)
 		r.TokenSource = "events"
-		c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)}).End(r, "m")
+		c.Track(Request{Arrive: t0, API: stream.NameChat, Body: []byte(body)}).End(r, "m")
 		r = rec(t0.Add(time.Millisecond), -1, -1)
 		r.TokenSource = "none"
-		c.Track(Request{Arrive: t0.Add(time.Millisecond), API: record.APIChat, Body: []byte(body), Partial: true}).End(r, "m")
+		c.Track(Request{Arrive: t0.Add(time.Millisecond), API: stream.NameChat, Body: []byte(body), Partial: true}).End(r, "m")
 		c.Close(context.Background())
 		got := read(t, path)
 		canon, _ := feed(body, stream.APIChat.Request.Prompt)
@@ -345,7 +345,7 @@ func TestClaimedInputLengthBounded(t *testing.T) {
 		t0 := time.Now()
 		for i, claim := range []int64{workload.MaxInputLength + 1, 1e15, math.MaxInt64} {
 			at := t0.Add(time.Duration(i) * time.Millisecond)
-			c.Track(Request{Arrive: at, API: record.APIChat, Body: []byte(body)}).End(rec(at, claim, 7), "m")
+			c.Track(Request{Arrive: at, API: stream.NameChat, Body: []byte(body)}).End(rec(at, claim, 7), "m")
 		}
 		c.Close(context.Background())
 		got := read(t, path)
@@ -369,7 +369,7 @@ func TestClaimedOutputLengthBounded(t *testing.T) {
 		t0 := time.Now()
 		r := rec(t0, 12, math.MaxInt32+1)
 		r.TokenSource = "usage"
-		c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)}).End(r, "m")
+		c.Track(Request{Arrive: t0, API: stream.NameChat, Body: []byte(body)}).End(r, "m")
 		c.Close(context.Background())
 		got := read(t, path)
 		if len(got) != 1 || got[0].OutputLength != 0 || got[0].Tokentap.OutputLengthFrom != "none" || got[0].InputLength != 12 {
@@ -384,10 +384,10 @@ func TestNoMetaAndPassThrough(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, path := open(t, Options{NoMeta: true})
 		t0 := time.Now()
-		if e := c.Track(Request{Arrive: t0, API: record.APIOther}); e != nil {
+		if e := c.Track(Request{Arrive: t0, API: stream.NameOther}); e != nil {
 			t.Error("an API the sidecar does not parse is captured")
 		}
-		c.Track(Request{Arrive: t0, API: record.APIChat, Body: []byte(body)}).End(rec(t0, 1, 1), "m")
+		c.Track(Request{Arrive: t0, API: stream.NameChat, Body: []byte(body)}).End(rec(t0, 1, 1), "m")
 		c.Close(context.Background())
 		b, _ := os.ReadFile(path)
 		if want := `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[0]}` + "\n"; string(b) != want {

@@ -95,7 +95,7 @@ func ProbeAPIs() []string {
 	var as []string
 	for _, a := range stream.APIs() {
 		if a.Probe != nil {
-			as = append(as, a.Name)
+			as = append(as, string(a.Name))
 		}
 	}
 	return as

@@ -9,12 +9,12 @@ import (
 	"github.com/tokentap/tokentap/stream"
 )
 
-// APIs are the values of a record's api field (record.APIs), as stream
-// describes them.
+// APIs are the values of a record's api field, as stream describes them
+// (stream.APIs).
 var APIs = func() []string {
 	var as []string
 	for _, a := range stream.APIs() {
-		as = append(as, a.Name)
+		as = append(as, string(a.Name))
 	}
 	return as
 }()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 const chunk = `{"id":"chatcmpl-eg1","object":"chat.completion.chunk","created":1,"model":"gpt-test","choices":[{"index":0,`
@@ -142,7 +143,7 @@ func TestScriptedChatThroughEgress(t *testing.T) {
 			if rec.OutputTokens != 4 || rec.InputTokens != 9 || rec.TokenSource != "usage" || rec.TokenEvents() != 4 || !rec.UsageInjected {
 				t.Errorf("tokens out %d in %d source %s events %d injected %v", rec.OutputTokens, rec.InputTokens, rec.TokenSource, rec.TokenEvents(), rec.UsageInjected)
 			}
-			if rec.Traffic != "live" || rec.API != record.APIChat || rec.Model != "gpt-test" {
+			if rec.Traffic != "live" || rec.API != stream.NameChat || rec.Model != "gpt-test" {
 				t.Errorf("traffic %q api %q model %q", rec.Traffic, rec.API, rec.Model)
 			}
 			if rec.Target != target || rec.TargetRule != "api.openai.test" {

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // finished returns a successful streamed record of n token events 20 ms
@@ -17,7 +18,7 @@ import (
 func finished(n int) *record.Record {
 	r := record.New(n)
 	r.Arrive = time.Now()
-	r.ID, r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.HTTPStatus = "b-1", record.APIChat, "m", "live", true, record.Success, 200
+	r.ID, r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.HTTPStatus = "b-1", stream.NameChat, "m", "live", true, record.Success, 200
 	r.TraceID, r.SpanID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	r.FirstByte = r.Arrive.Add(40 * time.Millisecond)
 	for i := range n {
@@ -29,7 +30,7 @@ func finished(n int) *record.Record {
 	return r
 }
 
-var benchKey = record.Key{API: record.APIChat, Model: "m", Traffic: "live"}
+var benchKey = record.Key{API: stream.NameChat, Model: "m", Traffic: "live"}
 
 // BenchmarkPublishPrometheus is the Prometheus backend's work at the end
 // of a 200-token request (its gaps were observed live).

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // A response with two choices at 60 ms per token each, 30 ms apart: the
@@ -15,7 +16,7 @@ func TestMapTwoChoices(t *testing.T) {
 	const ms = time.Millisecond
 	r := record.New(8)
 	r.Arrive = time.Now()
-	r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.OutputTokens = record.APIChat, "m", "live", true, record.Success, 8
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.OutputTokens = stream.NameChat, "m", "live", true, record.Success, 8
 	r.PromptClass, r.OutputClass = "short", "short"
 	r.AddToken(r.Arrive.Add(100*ms), 0, true)
 	r.SplitChoices(0)

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // A scrape that negotiates OpenMetrics finds the trace id as an exemplar
@@ -22,7 +23,7 @@ func TestTraceIDExemplarOnTTFT(t *testing.T) {
 	m := New(Config{})
 	r := record.New(2)
 	r.Arrive = time.Now()
-	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", "live", true, record.Success
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, "m", "live", true, record.Success
 	r.AddToken(r.Arrive.Add(120*time.Millisecond), 1, true)
 	r.Terminal = r.Arrive.Add(130 * time.Millisecond)
 	r.TraceID, r.SpanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -70,7 +71,7 @@ func TestOTelMetricsSemconv(t *testing.T) {
 	}
 	r := record.New(3)
 	r.Arrive = time.Now()
-	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", "live", true, record.Success
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, "m", "live", true, record.Success
 	for _, ms := range []int{100, 130, 170} {
 		r.AddToken(r.Arrive.Add(time.Duration(ms)*time.Millisecond), 1, true)
 	}

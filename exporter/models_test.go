@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Model names a client or an engine chose become label values that are
@@ -22,7 +23,7 @@ func TestModelLabelValuesAreSafe(t *testing.T) {
 	for _, model := range hostile {
 		r := record.New(2)
 		r.Arrive = time.Now()
-		r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, model, "live", true, record.Success
+		r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, model, "live", true, record.Success
 		k := record.Key{API: r.API, Model: model, Traffic: r.Traffic}
 		q := m.Begin(k)
 		q.(*Request).Gap(10 * time.Millisecond)

@@ -10,13 +10,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // phased returns a finished request with the given connection phases.
 func phased(traffic, target string, up record.Upstream) *record.Record {
 	r := record.New(1)
 	r.Arrive = time.Now()
-	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", traffic, true, record.Success
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, "m", traffic, true, record.Success
 	r.TargetRule, r.Target = target, target
 	r.AddToken(r.Arrive.Add(264*time.Millisecond), 1, true)
 	r.Terminal, r.Upstream = r.Arrive.Add(270*time.Millisecond), up

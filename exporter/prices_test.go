@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // The declared prices reach both backends; the accrued cost is the
@@ -79,7 +80,7 @@ tokentap_replica_price_per_hour{currency="EUR"} 11
 func TestByLoadCounters(t *testing.T) {
 	r := record.New(3)
 	r.Arrive = time.Now()
-	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", "live", true, record.Success
+	r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, "m", "live", true, record.Success
 	for _, ms := range []int{100, 130, 170} {
 		r.AddToken(r.Arrive.Add(time.Duration(ms)*time.Millisecond), 1, true)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // With tenants off no per-tenant series exists; with them on, the SLO
@@ -13,14 +14,14 @@ func TestPerTenantCounters(t *testing.T) {
 	rec := func(tenant string, qualified bool) *record.Record {
 		r := record.New(2)
 		r.Arrive = time.Now()
-		r.API, r.Model, r.Traffic, r.Stream, r.Outcome = record.APIChat, "m", "live", true, record.Success
+		r.API, r.Model, r.Traffic, r.Stream, r.Outcome = stream.NameChat, "m", "live", true, record.Success
 		r.AddToken(r.Arrive.Add(10*time.Millisecond), 1, true)
 		r.Terminal, r.OutputTokens, r.Tenant = r.Arrive.Add(20*time.Millisecond), 7, tenant
 		r.SLO = []record.Verdict{{Name: "chat", Qualified: qualified}}
 		return r
 	}
 	off := New(Config{SLOs: []string{"chat"}})
-	off.Publish(rec("", true), record.Key{API: record.APIChat, Model: "m", Traffic: "live"})
+	off.Publish(rec("", true), record.Key{API: stream.NameChat, Model: "m", Traffic: "live"})
 	for _, name := range []string{"tokentap_slo_requests_by_tenant_total", "tokentap_tenant_output_tokens_total"} {
 		if n := series(t, off, name); len(n) != 0 {
 			t.Errorf("tenants off: %s has series %v", name, n)
@@ -28,7 +29,7 @@ func TestPerTenantCounters(t *testing.T) {
 	}
 	on := New(Config{SLOs: []string{"chat"}, Tenants: []string{"acme", "beta"}})
 	for _, r := range []*record.Record{rec("acme", true), rec("acme", false), rec("t-0123456789ab", true)} {
-		on.Publish(r, record.Key{API: record.APIChat, Model: "m", Traffic: "live"})
+		on.Publish(r, record.Key{API: stream.NameChat, Model: "m", Traffic: "live"})
 	}
 	want := map[string]map[string]float64{
 		"tokentap_slo_requests_by_tenant_total":                {"acme": 2, "beta": 0, "t-0123456789ab": 1},

@@ -13,11 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 func rec(i int, at time.Time) *record.Record {
 	r := record.New(4)
-	r.ID, r.Traffic, r.API, r.Stream = fmt.Sprintf("r-%d", i), "live", record.APIChat, true
+	r.ID, r.Traffic, r.API, r.Stream = fmt.Sprintf("r-%d", i), "live", stream.NameChat, true
 	r.Arrive = at
 	r.AddToken(at.Add(10*time.Millisecond), 1, true)
 	r.AddToken(at.Add(20*time.Millisecond), 2, true)
@@ -200,7 +201,7 @@ func BenchmarkPoll(b *testing.B) {
 			t0 := time.Unix(1000, 0)
 			for i := range n {
 				r := record.New(64)
-				r.ID, r.Traffic, r.API, r.Stream, r.Arrive = fmt.Sprintf("r-%d", i), "live", record.APIChat, true, t0
+				r.ID, r.Traffic, r.API, r.Stream, r.Arrive = fmt.Sprintf("r-%d", i), "live", stream.NameChat, true, t0
 				for k := range 64 {
 					r.AddToken(t0.Add(time.Duration(100+20*k)*time.Millisecond), 1, true)
 				}

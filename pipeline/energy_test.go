@@ -89,7 +89,7 @@ func TestBurstDoesNotDelayTheNextSample(t *testing.T) {
 		time.Sleep(interval / 2) // the burst: every request ends inside [t0, t0+1s]
 		for range n {
 			rec := record.New(4)
-			rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), record.APIChat, "live", true
+			rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), stream.NameChat, "live", true
 			rec.SetModel("m")
 			_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Model: rec.Model, Traffic: "live"}, PromptTokens: 10})
 			q.Tokens(3)

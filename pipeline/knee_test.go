@@ -18,6 +18,7 @@ import (
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // The knee the simulator's batching model predicts (simengine/engine.go),
@@ -118,7 +119,7 @@ func kneeRun(t *testing.T, steps [][2]float64) (*slo.Card, *exporter.Metrics) {
 		one := func() {
 			rec := record.New(32)
 			rec.Arrive = time.Now()
-			rec.API, rec.Model, rec.Traffic, rec.Stream = record.APICompletions, "sim", "live", true
+			rec.API, rec.Model, rec.Traffic, rec.Stream = stream.NameCompletions, "sim", "live", true
 			_, q := p.Begin(ctx, rec, pipeline.Start{Key: record.Key{API: rec.API, Model: rec.Model, Traffic: rec.Traffic}, PromptTokens: -1})
 			w := &sseWriter{h: http.Header{}, status: 200, rec: rec}
 			srv.ServeHTTP(w, httptest.NewRequest("POST", "/v1/completions", strings.NewReader(body)))
@@ -226,7 +227,7 @@ func TestLoadInRecord(t *testing.T) {
 			Sinks: []record.Sink{sinkFunc(func(r *record.Record) { sunk = append(sunk, r) })}})
 		begin := func() (*record.Record, *pipeline.Request) {
 			rec := record.New(1)
-			rec.Arrive, rec.API, rec.Traffic, rec.Outcome = time.Now(), record.APIChat, "live", record.Success
+			rec.Arrive, rec.API, rec.Traffic, rec.Outcome = time.Now(), stream.NameChat, "live", record.Success
 			_, q := p.Begin(t.Context(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: rec.Traffic}, PromptTokens: -1})
 			return rec, q
 		}

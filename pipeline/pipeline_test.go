@@ -18,6 +18,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/tracing"
 )
 
@@ -70,7 +71,7 @@ func TestStagesRunInOrder(t *testing.T) {
 	base := time.Now()
 	for i, model := range []string{"first", "second"} {
 		rec := record.New(2)
-		rec.Arrive, rec.API, rec.Traffic, rec.Stream = base, record.APIChat, "live", true
+		rec.Arrive, rec.API, rec.Traffic, rec.Stream = base, stream.NameChat, "live", true
 		rec.SetModel(model)
 		up, _ := url.Parse("http://127.0.0.1:1")
 		_, q := p.Begin(context.Background(), rec, pipeline.Start{
@@ -118,7 +119,7 @@ func TestModelLabelsFromTheEngine(t *testing.T) {
 	p := pipeline.New(pipeline.Options{Live: metrics, Models: metrics.Models(), Prometheus: metrics})
 	end := func(model string, status int, outcome record.Outcome) {
 		rec := record.New(1)
-		rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), record.APIChat, "live", true
+		rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), stream.NameChat, "live", true
 		rec.SetModel(model)
 		_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Model: rec.Model, Traffic: "live"}})
 		rec.HTTPStatus, rec.Outcome, rec.Terminal = status, outcome, time.Now()
@@ -194,7 +195,7 @@ func TestNilPointerStagesAreOff(t *testing.T) {
 		Sinks: []record.Sink{sinkFunc(func(r *record.Record) { got = append(got, r) })},
 	})
 	rec := record.New(1)
-	rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), record.APIChat, "live", true
+	rec.Arrive, rec.API, rec.Traffic, rec.Stream = time.Now(), stream.NameChat, "live", true
 	up, _ := url.Parse("http://127.0.0.1:1")
 	ctx, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: "live"},
 		HTTP: httptest.NewRequest("POST", "/v1/chat/completions", nil), Upstream: up, PromptTokens: 10})
@@ -219,7 +220,7 @@ func TestPanickingStageSparesTheLaterOnes(t *testing.T) {
 		sinkFunc(func(r *record.Record) { got = append(got, r) }),
 	}})
 	rec := record.New(0)
-	rec.Arrive, rec.API, rec.Traffic = time.Now(), record.APIChat, "live"
+	rec.Arrive, rec.API, rec.Traffic = time.Now(), stream.NameChat, "live"
 	_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: "live"}, PromptTokens: -1,
 		Check: func(*record.Record) { panic("check bug") }})
 	rec.HTTPStatus, rec.Outcome, rec.Terminal = 200, record.Success, time.Now()

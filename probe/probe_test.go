@@ -273,7 +273,7 @@ func TestProbeOnEveryAPI(t *testing.T) {
 				if answer != "Paris" {
 					want = ResultFailed
 				}
-				if gotPath != s.path || r.API != record.API(api) || r.Outcome != record.Success || r.Probe.Result != want {
+				if gotPath != s.path || r.API != stream.Name(api) || r.Outcome != record.Success || r.Probe.Result != want {
 					t.Fatalf("%s answering %s: path %s api %s outcome %s/%s probe %+v", api, answer, gotPath, r.API, r.Outcome, r.ErrorType, r.Probe)
 				}
 				if gotBody == nil {

@@ -221,7 +221,7 @@ func (p *Prober) skip(s *defState, at time.Time, reason string) {
 	d := &s.def
 	r := record.New(0)
 	r.ID = p.nextID()
-	r.Arrive, r.Traffic, r.API, r.Model, r.Stream = at, "canary", record.API(d.API), d.Model, *d.Stream
+	r.Arrive, r.Traffic, r.API, r.Model, r.Stream = at, "canary", stream.Name(d.API), d.Model, *d.Stream
 	r.Outcome, r.ErrorType, r.TokenSource = record.NotSent, reason, "none"
 	r.Probe = &record.ProbeInfo{Name: d.Name, Scheduled: at, Result: ResultNotSent, Failure: "not sent: " + reason}
 	p.opts.Pipeline.Record(r)
@@ -378,7 +378,7 @@ func (o *observer) check(r *record.Record) {
 		o.p.duration.WithLabelValues(d.Name).Set(v.Seconds())
 	}
 	if r.Outcome == record.Success {
-		text := stream.AnswerTextOf(stream.FormatOfAPI(d.API), o.cw.body.Bytes(), r.Stream)
+		text := stream.AnswerTextOf(stream.FormatOfAPI(stream.Name(d.API)), o.cw.body.Bytes(), r.Stream)
 		res.Check, res.Failure = o.s.checker.check(text, r.FinishReason, r.OutputTokens)
 		if res.Check != "" {
 			o.p.quality.WithLabelValues(d.Name, res.Check).Inc()

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
 
@@ -24,7 +23,7 @@ func TestPeekReadsEveryAPIsProbeRequest(t *testing.T) {
 			target, m := a.Probe(stream.ProbeParams{Model: "m-1", Prompt: "p", MaxTokens: 7, Temperature: 0.5, Seed: 3, Stream: streamed})
 			body, _ := json.Marshal(m)
 			path, _, _ := strings.Cut(target, "?") // the peek reads the URL's path
-			in, _, _, err := peek(io.NopCloser(bytes.NewReader(body)), record.API(a.Name), path, 1<<20, int64(len(body)), false, nil)
+			in, _, _, err := peek(io.NopCloser(bytes.NewReader(body)), a, path, 1<<20, int64(len(body)), false, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

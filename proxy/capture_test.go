@@ -27,9 +27,9 @@ func TestTapZeroAllocsPerEventWithCapture(t *testing.T) {
 	m := exporter.New(exporter.Config{})
 	pipe := pipeline.New(pipeline.Options{Live: m, Prometheus: m, Capture: c})
 	rec := record.New(8192)
-	rec.Arrive, rec.API = time.Now(), record.APIChat
+	rec.Arrive, rec.API = time.Now(), stream.NameChat
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"stream":true}`)
-	_, q := pipe.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: record.APIChat, Model: "m", Traffic: "live"}, Prompt: body})
+	_, q := pipe.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: stream.NameChat, Model: "m", Traffic: "live"}, Prompt: body})
 	st := &reqState{rec: rec, obs: q, clock: record.SystemClock{}}
 	ev := []byte(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}` + "\n\n")
 	tp := newTap(&loopReader{ev: ev}, st, bodySSE, stream.FormatOpenAI, false, 1<<20)

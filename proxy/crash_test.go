@@ -72,7 +72,7 @@ func TestHugeMaxTokensForwardedAnsweredRecorded(t *testing.T) {
 			continue
 		}
 		for _, name := range a.Request.MaxTokens {
-			t.Run(a.Name+"/"+name, func(t *testing.T) {
+			t.Run(string(a.Name)+"/"+name, func(t *testing.T) {
 				fs, sink := front(t, up, Options{Engine: a.Engine})
 				target, m := a.Probe(stream.ProbeParams{Model: "m", Prompt: "p", MaxTokens: 1})
 				for _, other := range a.Request.MaxTokens {
@@ -94,7 +94,7 @@ func TestHugeMaxTokensForwardedAnsweredRecorded(t *testing.T) {
 					t.Errorf("forwarded %s, want %s", fwd, body)
 				}
 				rec := only(t, sink)
-				if rec.API != record.API(a.Name) || rec.MaxTokens != math.MaxInt64 || rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK {
+				if rec.API != a.Name || rec.MaxTokens != math.MaxInt64 || rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK {
 					t.Errorf("record: api %s max_tokens %d outcome %s status %d", rec.API, rec.MaxTokens, rec.Outcome, rec.HTTPStatus)
 				}
 				if c := cap(rec.TokenAt); c != record.MaxHint {

@@ -172,7 +172,7 @@ func irregular(k int) time.Duration {
 }
 
 type want struct {
-	api                 record.API
+	api                 stream.Name
 	stream              bool
 	outcome             record.Outcome
 	errorType           string
@@ -263,49 +263,49 @@ func TestFormatsScripted(t *testing.T) {
 	}{
 		{"chat (vLLM)", "openai_chat_vllm.sse", "text/event-stream", "/v1/chat/completions",
 			`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, false,
-			want{api: record.APIChat, stream: true, outcome: record.Success, finish: "stop", tokenEvents: []int{1, 2}, firstOutput: 1,
+			want{api: stream.NameChat, stream: true, outcome: record.Success, finish: "stop", tokenEvents: []int{1, 2}, firstOutput: 1,
 				terminal: 4, in: 12, out: 2, source: "usage", responseID: "chatcmpl-X"}},
 		{"responses (Ollama)", "responses_ollama.sse", "text/event-stream", "/v1/responses",
 			`{"model":"tiny","stream":true,"input":"hi"}`, false,
-			want{api: record.APIResponses, stream: true, outcome: record.Success, finish: "completed", tokenEvents: []int{3, 8, 9},
+			want{api: stream.NameResponses, stream: true, outcome: record.Success, finish: "completed", tokenEvents: []int{3, 8, 9},
 				firstOutput: 8, terminal: 13, in: 9, out: 3, source: "usage", responseID: "resp_424"}},
 		{"responses error event", "responses_openai_error.sse", "text/event-stream", "/v1/responses",
 			`{"model":"m","stream":true,"input":"hi"}`, false,
-			want{api: record.APIResponses, stream: true, outcome: record.Error, errorType: record.ErrStreamError, tokenEvents: []int{1},
+			want{api: stream.NameResponses, stream: true, outcome: record.Error, errorType: record.ErrStreamError, tokenEvents: []int{1},
 				firstOutput: 1, terminal: 2, in: -1, out: 1, source: "events", responseID: "resp_123"}},
 		{"messages (Ollama)", "messages_ollama.sse", "text/event-stream", "/v1/messages",
 			`{"model":"tiny","max_tokens":16,"stream":true,"messages":[]}`, false,
-			want{api: record.APIMessages, stream: true, outcome: record.Success, finish: "end_turn", tokenEvents: []int{2, 5, 6},
+			want{api: stream.NameMessages, stream: true, outcome: record.Success, finish: "end_turn", tokenEvents: []int{2, 5, 6},
 				firstOutput: 5, terminal: 9, in: 9, out: 3, source: "usage", responseID: "msg_0123456789abcdef01234567"}},
 		{"messages overloaded", "messages_anthropic_overloaded.sse", "text/event-stream", "/v1/messages",
 			`{"model":"m","max_tokens":16,"stream":true,"messages":[]}`, false,
-			want{api: record.APIMessages, stream: true, outcome: record.Rejected, errorType: record.ErrRejected, tokenEvents: []int{4},
+			want{api: stream.NameMessages, stream: true, outcome: record.Rejected, errorType: record.ErrRejected, tokenEvents: []int{4},
 				firstOutput: 4, terminal: 5, in: 33, out: 1, source: "events", responseID: "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY"}},
 		{"ollama chat", "ollama_chat.ndjson", "application/x-ndjson", "/api/chat",
 			`{"model":"llama3.2","messages":[]}`, true, // Ollama streams by default
-			want{api: record.APIOllamaChat, stream: true, outcome: record.Success, finish: "stop", tokenEvents: []int{0, 1},
+			want{api: stream.NameOllamaChat, stream: true, outcome: record.Success, finish: "stop", tokenEvents: []int{0, 1},
 				firstOutput: 0, terminal: 2, in: 26, out: 282, source: "usage", engine: ollamaEngine}},
 		{"ollama generate", "ollama_generate.ndjson", "application/x-ndjson", "/api/generate",
 			`{"model":"qwen3","prompt":"hi","options":{"num_predict":2}}`, true,
-			want{api: record.APIOllamaGenerate, stream: true, outcome: record.Success, finish: "length", tokenEvents: []int{0, 1},
+			want{api: stream.NameOllamaGenerate, stream: true, outcome: record.Success, finish: "length", tokenEvents: []int{0, 1},
 				firstOutput: 1, terminal: 2, in: 4, out: 2, source: "usage",
 				engine: record.EngineTimes{Total: 99 * time.Millisecond, Load: 5 * time.Millisecond, Prompt: 20 * time.Millisecond,
 					Decode: 70 * time.Millisecond, Known: record.EngineTotal | record.EngineLoad | record.EnginePrompt | record.EngineDecode}}},
 		{"ollama error line", "ollama_generate_error.ndjson", "application/x-ndjson", "/api/generate",
 			`{"model":"qwen3","prompt":"hi"}`, true,
-			want{api: record.APIOllamaGenerate, stream: true, outcome: record.Error, errorType: record.ErrStreamError, tokenEvents: []int{0, 1},
+			want{api: stream.NameOllamaGenerate, stream: true, outcome: record.Error, errorType: record.ErrStreamError, tokenEvents: []int{0, 1},
 				firstOutput: 1, terminal: 2, in: -1, out: 2, source: "events"}},
 		{"tgi generate_stream", "tgi_generate_stream.sse", "text/event-stream", "/generate_stream",
 			`{"inputs":"hi","parameters":{"max_new_tokens":2,"details":true}}`, false,
-			want{api: record.APITGIGenerate, stream: true, outcome: record.Success, finish: "eos_token", tokenEvents: []int{0, 1},
+			want{api: stream.NameTGIGenerate, stream: true, outcome: record.Success, finish: "eos_token", tokenEvents: []int{0, 1},
 				firstOutput: 0, terminal: 1, in: 7, out: 2, source: "usage"}},
 		{"tgi overloaded", "tgi_generate_stream_overloaded.sse", "text/event-stream", "/generate_stream",
 			`{"inputs":"hi"}`, false,
-			want{api: record.APITGIGenerate, stream: true, outcome: record.Rejected, errorType: record.ErrRejected, tokenEvents: []int{0},
+			want{api: stream.NameTGIGenerate, stream: true, outcome: record.Rejected, errorType: record.ErrRejected, tokenEvents: []int{0},
 				firstOutput: 0, terminal: 2, in: -1, out: 1, source: "token_ids"}},
 		{"llama.cpp completion", "llamacpp_completion.sse", "text/event-stream", "/completion",
 			`{"prompt":"hi","n_predict":2,"stream":true}`, false,
-			want{api: record.APILlamaCppCompletion, stream: true, outcome: record.Success, finish: "limit", tokenEvents: []int{0, 1},
+			want{api: stream.NameLlamaCppCompletion, stream: true, outcome: record.Success, finish: "limit", tokenEvents: []int{0, 1},
 				firstOutput: 0, terminal: 2, in: 12, out: 2, source: "usage",
 				engine: record.EngineTimes{Prompt: 12500 * time.Microsecond, Decode: 30250 * time.Microsecond, Known: record.EnginePrompt | record.EngineDecode}}},
 	}
@@ -349,7 +349,7 @@ func TestOllamaCompletionsUsageMembersRemoved(t *testing.T) {
 	if !bytes.Contains(<-u.body, []byte(`"include_usage":true`)) {
 		t.Fatal("the sidecar did not ask for usage")
 	}
-	checkRecord(t, r, steps, want{api: record.APICompletions, stream: true, outcome: record.Success, finish: "length",
+	checkRecord(t, r, steps, want{api: stream.NameCompletions, stream: true, outcome: record.Success, finish: "length",
 		tokenEvents: []int{0, 1, 2}, firstOutput: 0, terminal: 5, in: 5, out: 3, source: "usage", responseID: "cmpl-424", injected: true})
 }
 
@@ -374,22 +374,22 @@ func TestFormatsWholeBodies(t *testing.T) {
 	}{
 		{"responses", "/v1/responses", `{"model":"m","input":"hi"}`,
 			`{"id":"resp_9","object":"response","status":"completed","model":"m","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":5,"output_tokens":7,"input_tokens_details":{"cached_tokens":0}}}`, nil,
-			want{api: record.APIResponses, outcome: record.Success, finish: "completed", in: 5, out: 7, source: "usage", responseID: "resp_9", terminal: -1, firstOutput: -1}},
+			want{api: stream.NameResponses, outcome: record.Success, finish: "completed", in: 5, out: 7, source: "usage", responseID: "resp_9", terminal: -1, firstOutput: -1}},
 		{"messages", "/v1/messages", `{"model":"m","max_tokens":5,"messages":[]}`,
 			`{"id":"msg_2","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":4,"output_tokens":2}}`, nil,
-			want{api: record.APIMessages, outcome: record.Success, finish: "end_turn", in: 4, out: 2, source: "usage", responseID: "msg_2", terminal: -1, firstOutput: -1}},
+			want{api: stream.NameMessages, outcome: record.Success, finish: "end_turn", in: 4, out: 2, source: "usage", responseID: "msg_2", terminal: -1, firstOutput: -1}},
 		{"ollama chat", "/api/chat", `{"model":"m","stream":false,"messages":[]}`,
 			`{"model":"m","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant","content":"Hi"},"done":true,"done_reason":"stop","total_duration":3000000,"prompt_eval_count":6,"eval_count":2}`, nil,
-			want{api: record.APIOllamaChat, outcome: record.Success, finish: "stop", in: 6, out: 2, source: "usage", terminal: -1, firstOutput: -1,
+			want{api: stream.NameOllamaChat, outcome: record.Success, finish: "stop", in: 6, out: 2, source: "usage", terminal: -1, firstOutput: -1,
 				engine: record.EngineTimes{Total: 3 * time.Millisecond, Known: record.EngineTotal}}},
 		{"tgi generate, headers", "/generate", `{"inputs":"hi"}`, `{"generated_text":"Hi"}`,
 			http.Header{"X-Queue-Time": {"3"}, "X-Inference-Time": {"40"}, "X-Total-Time": {"45"}, "X-Prompt-Tokens": {"5"}, "X-Generated-Tokens": {"4"}},
-			want{api: record.APITGIGenerate, outcome: record.Success, in: 5, out: 4, source: "usage", terminal: -1, firstOutput: -1,
+			want{api: stream.NameTGIGenerate, outcome: record.Success, in: 5, out: 4, source: "usage", terminal: -1, firstOutput: -1,
 				engine: record.EngineTimes{Queue: 3 * time.Millisecond, Inference: 40 * time.Millisecond, Total: 45 * time.Millisecond,
 					Known: record.EngineQueue | record.EngineInference | record.EngineTotal}}},
 		{"llama.cpp", "/completion", `{"prompt":"hi"}`,
 			`{"index":0,"content":"Hi","tokens":[],"id_slot":0,"stop":true,"model":"x","tokens_predicted":2,"tokens_evaluated":3,"stop_type":"eos","timings":{"prompt_ms":1.5,"predicted_ms":2.25}}`, nil,
-			want{api: record.APILlamaCppCompletion, outcome: record.Success, finish: "eos", in: 3, out: 2, source: "usage", terminal: -1, firstOutput: -1,
+			want{api: stream.NameLlamaCppCompletion, outcome: record.Success, finish: "eos", in: 3, out: 2, source: "usage", terminal: -1, firstOutput: -1,
 				engine: record.EngineTimes{Prompt: 1500 * time.Microsecond, Decode: 2250 * time.Microsecond, Known: record.EnginePrompt | record.EngineDecode}}},
 	}
 	for _, tc := range cases {
@@ -460,14 +460,14 @@ func TestHTTPErrorsEveryFormat(t *testing.T) {
 
 // Every API has its format (stream.FormatOfAPI spells the api values out).
 func TestFormatOfEveryAPI(t *testing.T) {
-	want := map[record.API]stream.Format{record.APIChat: stream.FormatOpenAI, record.APICompletions: stream.FormatOpenAI,
-		record.APIResponses: stream.FormatResponses, record.APIMessages: stream.FormatMessages,
-		record.APIOllamaChat: stream.FormatOllama, record.APIOllamaGenerate: stream.FormatOllama,
-		record.APITGIGenerate: stream.FormatTGI, record.APILlamaCppCompletion: stream.FormatLlamaCpp, record.APIUpgrade: stream.FormatOpenAI, record.APIOther: stream.FormatOpenAI,
-		record.API(stream.NameGemini): stream.FormatGemini}
-	for _, a := range record.APIs {
-		if f, ok := want[a]; !ok || formatOf(a) != f {
-			t.Errorf("%s: format %v, want %v", a, formatOf(a), f)
+	want := map[stream.Name]stream.Format{stream.NameChat: stream.FormatOpenAI, stream.NameCompletions: stream.FormatOpenAI,
+		stream.NameResponses: stream.FormatResponses, stream.NameMessages: stream.FormatMessages,
+		stream.NameOllamaChat: stream.FormatOllama, stream.NameOllamaGenerate: stream.FormatOllama,
+		stream.NameTGIGenerate: stream.FormatTGI, stream.NameLlamaCppCompletion: stream.FormatLlamaCpp, stream.NameUpgrade: stream.FormatOpenAI, stream.NameOther: stream.FormatOpenAI,
+		stream.NameGemini: stream.FormatGemini}
+	for _, a := range stream.APIs() {
+		if f, ok := want[a.Name]; !ok || formatOf(a) != f {
+			t.Errorf("%s: format %v, want %v", a.Name, formatOf(a), f)
 		}
 	}
 }
@@ -475,33 +475,33 @@ func TestFormatOfEveryAPI(t *testing.T) {
 func TestClassify(t *testing.T) {
 	cases := []struct {
 		method, path, engine string
-		want                 record.API
+		want                 stream.Name
 	}{
-		{"POST", "/v1/chat/completions", "", record.APIChat},
-		{"POST", "/chat/completions/", "", record.APIChat},
-		{"POST", "/v1/completions", "llamacpp", record.APICompletions},
-		{"POST", "/completions", "", record.APICompletions},
-		{"POST", "/completions", "llamacpp", record.APILlamaCppCompletion},
-		{"POST", "/completion", "", record.APILlamaCppCompletion},
-		{"POST", "/v1/responses", "", record.APIResponses},
-		{"POST", "/responses", "", record.APIResponses},
-		{"POST", "/v1/responses/input_tokens", "", record.APIOther},
-		{"POST", "/v1/messages", "", record.APIMessages},
-		{"POST", "/anthropic/v1/messages", "", record.APIMessages},
-		{"POST", "/v1/messages/count_tokens", "", record.APIOther},
-		{"POST", "/v1/threads/t1/messages", "", record.APIOther},
-		{"POST", "/api/chat", "", record.APIOllamaChat},
-		{"POST", "/api/generate", "", record.APIOllamaGenerate},
-		{"POST", "/generate_stream", "", record.APITGIGenerate},
-		{"POST", "/generate", "tgi", record.APITGIGenerate},
-		{"POST", "/generate", "sglang", record.APIOther},
-		{"POST", "/v1/embeddings", "", record.APIOther},
-		{"GET", "/v1/chat/completions", "", record.APIOther},
+		{"POST", "/v1/chat/completions", "", stream.NameChat},
+		{"POST", "/chat/completions/", "", stream.NameChat},
+		{"POST", "/v1/completions", "llamacpp", stream.NameCompletions},
+		{"POST", "/completions", "", stream.NameCompletions},
+		{"POST", "/completions", "llamacpp", stream.NameLlamaCppCompletion},
+		{"POST", "/completion", "", stream.NameLlamaCppCompletion},
+		{"POST", "/v1/responses", "", stream.NameResponses},
+		{"POST", "/responses", "", stream.NameResponses},
+		{"POST", "/v1/responses/input_tokens", "", stream.NameOther},
+		{"POST", "/v1/messages", "", stream.NameMessages},
+		{"POST", "/anthropic/v1/messages", "", stream.NameMessages},
+		{"POST", "/v1/messages/count_tokens", "", stream.NameOther},
+		{"POST", "/v1/threads/t1/messages", "", stream.NameOther},
+		{"POST", "/api/chat", "", stream.NameOllamaChat},
+		{"POST", "/api/generate", "", stream.NameOllamaGenerate},
+		{"POST", "/generate_stream", "", stream.NameTGIGenerate},
+		{"POST", "/generate", "tgi", stream.NameTGIGenerate},
+		{"POST", "/generate", "sglang", stream.NameOther},
+		{"POST", "/v1/embeddings", "", stream.NameOther},
+		{"GET", "/v1/chat/completions", "", stream.NameOther},
 	}
 	for _, c := range cases {
 		r, _ := http.NewRequest(c.method, "http://x"+c.path, nil)
-		if got := classify(r, c.engine); got != c.want {
-			t.Errorf("%s %s (engine %q): %s, want %s", c.method, c.path, c.engine, got, c.want)
+		if got := classify(r, c.engine); got.Name != c.want {
+			t.Errorf("%s %s (engine %q): %s, want %s", c.method, c.path, c.engine, got.Name, c.want)
 		}
 	}
 }
@@ -511,7 +511,7 @@ func TestClassify(t *testing.T) {
 // own name, and no usage injection where the format cannot ask.
 func TestPeekFormats(t *testing.T) {
 	cases := []struct {
-		api           record.API
+		api           *stream.API
 		path, body    string
 		stream        bool
 		maxTokens     int64
@@ -519,14 +519,14 @@ func TestPeekFormats(t *testing.T) {
 		temperature   float64
 		hasTemprature bool
 	}{
-		{record.APIChat, "/v1/chat/completions", `{"stream":true,"max_completion_tokens":9,"max_tokens":3,"stream_options":{"include_usage":true}}`, true, 9, true, 0, false},
-		{record.APIResponses, "/v1/responses", `{"stream":true,"max_output_tokens":12,"stream_options":{"include_usage":true}}`, true, 12, false, 0, false},
-		{record.APIMessages, "/v1/messages", `{"stream":true,"max_tokens":7,"temperature":0.5}`, true, 7, false, 0.5, true},
-		{record.APIOllamaChat, "/api/chat", `{"model":"m","options":{"num_predict":5,"temperature":0.2}}`, true, 5, false, 0.2, true},
-		{record.APIOllamaGenerate, "/api/generate", `{"model":"m","stream":false}`, false, 0, false, 0, false},
-		{record.APITGIGenerate, "/generate_stream", `{"inputs":"x","parameters":{"max_new_tokens":20,"temperature":0.7}}`, true, 20, false, 0.7, true},
-		{record.APITGIGenerate, "/generate", `{"inputs":"x"}`, false, 0, false, 0, false},
-		{record.APILlamaCppCompletion, "/completion", `{"prompt":"x","n_predict":30,"stream":true}`, true, 30, false, 0, false},
+		{stream.APIChat, "/v1/chat/completions", `{"stream":true,"max_completion_tokens":9,"max_tokens":3,"stream_options":{"include_usage":true}}`, true, 9, true, 0, false},
+		{stream.APIResponses, "/v1/responses", `{"stream":true,"max_output_tokens":12,"stream_options":{"include_usage":true}}`, true, 12, false, 0, false},
+		{stream.APIMessages, "/v1/messages", `{"stream":true,"max_tokens":7,"temperature":0.5}`, true, 7, false, 0.5, true},
+		{stream.APIOllamaChat, "/api/chat", `{"model":"m","options":{"num_predict":5,"temperature":0.2}}`, true, 5, false, 0.2, true},
+		{stream.APIOllamaGenerate, "/api/generate", `{"model":"m","stream":false}`, false, 0, false, 0, false},
+		{stream.APITGIGenerate, "/generate_stream", `{"inputs":"x","parameters":{"max_new_tokens":20,"temperature":0.7}}`, true, 20, false, 0.7, true},
+		{stream.APITGIGenerate, "/generate", `{"inputs":"x"}`, false, 0, false, 0, false},
+		{stream.APILlamaCppCompletion, "/completion", `{"prompt":"x","n_predict":30,"stream":true}`, true, 30, false, 0, false},
 	}
 	for _, c := range cases {
 		in, _, _, err := peek(io.NopCloser(strings.NewReader(c.body)), c.api, c.path, 1<<20, -1, false, nil)
@@ -535,12 +535,12 @@ func TestPeekFormats(t *testing.T) {
 		}
 		if in.Stream != c.stream || in.MaxTokens != c.maxTokens || in.IncludeUsage != c.includeUsage ||
 			(in.Temperature != nil) != c.hasTemprature || (in.Temperature != nil && *in.Temperature != c.temperature) {
-			t.Errorf("%s %s: %+v", c.api, c.body, in)
+			t.Errorf("%s %s: %+v", c.api.Name, c.body, in)
 		}
 	}
 	// A truncated body is read best-effort, the format's fields included.
 	long := `{"model":"m","options":{"num_predict":4},"stream":false,"prompt":"` + strings.Repeat("x", 100) + `"}`
-	in, _, _, _ := peek(io.NopCloser(strings.NewReader(long)), record.APIOllamaGenerate, "/api/generate", 64, -1, false, nil)
+	in, _, _, _ := peek(io.NopCloser(strings.NewReader(long)), stream.APIOllamaGenerate, "/api/generate", 64, -1, false, nil)
 	if in.Stream || in.MaxTokens != 4 || in.Whole {
 		t.Errorf("truncated Ollama body: %+v", in)
 	}

@@ -17,7 +17,7 @@ import (
 // :generateContent body; an HTTP error. Fixtures: stream/testdata/fixtures
 // (README.md cites https://ai.google.dev/api/generate-content).
 func TestGeminiScripted(t *testing.T) {
-	apiGemini := record.API(stream.NameGemini)
+	apiGemini := stream.Name(stream.NameGemini)
 	const req = `{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":64,"temperature":0.5}}`
 	cases := []struct {
 		name, fixture, path string

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Which statuses are answers (docs/measurement.md §3): on a generation
@@ -17,17 +18,17 @@ import (
 func TestNoAnswerStatusTable(t *testing.T) {
 	for _, c := range []struct {
 		status int
-		api    record.API
+		api    stream.Name
 		want   string
 	}{
-		{200, record.APIChat, ""}, {201, record.APIMessages, ""}, {203, record.APIChat, ""},
-		{202, record.APIChat, record.ErrNoAnswerStatus}, {204, record.APIMessages, record.ErrNoAnswerStatus},
-		{205, record.APIChat, record.ErrNoAnswerStatus}, {206, record.APIChat, record.ErrNoAnswerStatus},
-		{207, record.APIResponses, record.ErrNoAnswerStatus}, {299, record.APIChat, record.ErrNoAnswerStatus},
-		{300, record.APIChat, record.ErrHTTP3xx}, {301, record.APIChat, record.ErrHTTP3xx}, {304, record.APIMessages, record.ErrHTTP3xx},
-		{307, record.APIOther, record.ErrHTTP3xx}, {308, record.APIOther, record.ErrHTTP3xx}, {399, record.APIChat, record.ErrHTTP3xx},
-		{204, record.APIOther, ""}, {202, record.APIOther, ""},
-		{400, record.APIChat, ""}, {429, record.APIChat, ""}, {503, record.APIOther, ""},
+		{200, stream.NameChat, ""}, {201, stream.NameMessages, ""}, {203, stream.NameChat, ""},
+		{202, stream.NameChat, record.ErrNoAnswerStatus}, {204, stream.NameMessages, record.ErrNoAnswerStatus},
+		{205, stream.NameChat, record.ErrNoAnswerStatus}, {206, stream.NameChat, record.ErrNoAnswerStatus},
+		{207, stream.NameResponses, record.ErrNoAnswerStatus}, {299, stream.NameChat, record.ErrNoAnswerStatus},
+		{300, stream.NameChat, record.ErrHTTP3xx}, {301, stream.NameChat, record.ErrHTTP3xx}, {304, stream.NameMessages, record.ErrHTTP3xx},
+		{307, stream.NameOther, record.ErrHTTP3xx}, {308, stream.NameOther, record.ErrHTTP3xx}, {399, stream.NameChat, record.ErrHTTP3xx},
+		{204, stream.NameOther, ""}, {202, stream.NameOther, ""},
+		{400, stream.NameChat, ""}, {429, stream.NameChat, ""}, {503, stream.NameOther, ""},
 	} {
 		if got := noAnswer(c.status, c.api); got != c.want {
 			t.Errorf("noAnswer(%d, %s) = %q, want %q", c.status, c.api, got, c.want)
@@ -64,7 +65,7 @@ func TestNoAnswerOnOtherRoutes(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		r := only(t, sink)
-		if resp.StatusCode != c.status || r.HTTPStatus != c.status || r.Outcome != c.outcome || r.ErrorType != c.errorType || r.API != record.APIOther {
+		if resp.StatusCode != c.status || r.HTTPStatus != c.status || r.Outcome != c.outcome || r.ErrorType != c.errorType || r.API != stream.NameOther {
 			t.Errorf("%s %s answered %d: client %d, record %d %s/%s api %s; want %s/%s", c.method, c.path, c.status,
 				resp.StatusCode, r.HTTPStatus, r.Outcome, r.ErrorType, r.API, c.outcome, c.errorType)
 		}

@@ -202,22 +202,22 @@ func TestPassThroughRandomStreams(t *testing.T) {
 var formatStreams = []struct {
 	path, fixture, ct string
 	ndjson            bool
-	api               record.API
+	api               stream.Name
 }{
-	{"/v1/chat/completions", "openai_chat_vllm.sse", "text/event-stream", false, record.APIChat},
-	{"/v1/completions", "openai_completions_ollama.sse", "text/event-stream", false, record.APICompletions},
-	{"/v1/responses", "responses_ollama.sse", "text/event-stream", false, record.APIResponses},
-	{"/v1/responses", "responses_openai_error.sse", "text/event-stream", false, record.APIResponses},
-	{"/v1/messages", "messages_ollama.sse", "text/event-stream", false, record.APIMessages},
-	{"/v1/messages", "messages_anthropic_overloaded.sse", "text/event-stream", false, record.APIMessages},
-	{"/api/chat", "ollama_chat.ndjson", "application/x-ndjson", true, record.APIOllamaChat},
-	{"/api/generate", "ollama_generate.ndjson", "application/x-ndjson", true, record.APIOllamaGenerate},
-	{"/api/generate", "ollama_generate_error.ndjson", "application/x-ndjson", true, record.APIOllamaGenerate},
-	{"/generate_stream", "tgi_generate_stream.sse", "text/event-stream", false, record.APITGIGenerate},
-	{"/generate_stream", "tgi_generate_stream_overloaded.sse", "text/event-stream", false, record.APITGIGenerate},
-	{"/completion", "llamacpp_completion.sse", "text/event-stream", false, record.APILlamaCppCompletion},
-	{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", "gemini_stream.sse", "text/event-stream", false, record.API(stream.NameGemini)},
-	{"/v1beta/models/gemini-2.0-flash:streamGenerateContent", "gemini_stream_error.sse", "text/event-stream", false, record.API(stream.NameGemini)},
+	{"/v1/chat/completions", "openai_chat_vllm.sse", "text/event-stream", false, stream.NameChat},
+	{"/v1/completions", "openai_completions_ollama.sse", "text/event-stream", false, stream.NameCompletions},
+	{"/v1/responses", "responses_ollama.sse", "text/event-stream", false, stream.NameResponses},
+	{"/v1/responses", "responses_openai_error.sse", "text/event-stream", false, stream.NameResponses},
+	{"/v1/messages", "messages_ollama.sse", "text/event-stream", false, stream.NameMessages},
+	{"/v1/messages", "messages_anthropic_overloaded.sse", "text/event-stream", false, stream.NameMessages},
+	{"/api/chat", "ollama_chat.ndjson", "application/x-ndjson", true, stream.NameOllamaChat},
+	{"/api/generate", "ollama_generate.ndjson", "application/x-ndjson", true, stream.NameOllamaGenerate},
+	{"/api/generate", "ollama_generate_error.ndjson", "application/x-ndjson", true, stream.NameOllamaGenerate},
+	{"/generate_stream", "tgi_generate_stream.sse", "text/event-stream", false, stream.NameTGIGenerate},
+	{"/generate_stream", "tgi_generate_stream_overloaded.sse", "text/event-stream", false, stream.NameTGIGenerate},
+	{"/completion", "llamacpp_completion.sse", "text/event-stream", false, stream.NameLlamaCppCompletion},
+	{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", "gemini_stream.sse", "text/event-stream", false, stream.Name(stream.NameGemini)},
+	{"/v1beta/models/gemini-2.0-flash:streamGenerateContent", "gemini_stream_error.sse", "text/event-stream", false, stream.Name(stream.NameGemini)},
 }
 
 // genFormatStream builds a random stream of format i from its recorded
@@ -348,7 +348,7 @@ func TestPassThroughRandomStreamsEveryFormat(t *testing.T) {
 	if len(sink.recs) != n {
 		t.Fatalf("%d records for %d requests", len(sink.recs), n)
 	}
-	apis := map[record.API]int{}
+	apis := map[stream.Name]int{}
 	for _, r := range sink.recs {
 		apis[r.API]++
 		if r.TapFailed != "" {

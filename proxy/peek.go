@@ -16,7 +16,7 @@ import (
 
 // requestInfo is what the bounded peek at a request body tells us.
 type requestInfo struct {
-	API          record.API
+	API          *stream.API // never nil once classified: stream.APIOther when no route matches
 	Model        string
 	Stream       bool
 	MaxTokens    int64
@@ -51,11 +51,11 @@ const (
 // routes are in each API's description). Only POSTs are understood.
 // engine is the detected engine kind ("" when unknown): two routes mean
 // different things on different engines.
-func classify(r *http.Request, engine string) record.API {
+func classify(r *http.Request, engine string) *stream.API {
 	if r.Method != http.MethodPost {
-		return record.APIOther
+		return stream.APIOther
 	}
-	return record.API(stream.Classify(r.URL.Path, engine).Name)
+	return stream.Classify(r.URL.Path, engine)
 }
 
 // The engine kinds classify depends on, as engine.Kind names them.
@@ -64,16 +64,19 @@ const (
 	EngineLlamaCpp = stream.EngineLlamaCpp
 )
 
-// formatOf is the wire format of an API's responses.
-func formatOf(api record.API) stream.Format { return stream.FormatOfAPI(string(api)) }
+// formatOf is the wire format of an API's responses (stream.FormatOfAPI):
+// FormatOpenAI for the pass-through APIs, whose bodies nothing parses.
+func formatOf(api *stream.API) stream.Format {
+	if api.Format == nil {
+		return stream.FormatOpenAI
+	}
+	return api.Format
+}
 
 // injectable reports whether the API has a way to ask the engine for
 // usage in a stream (stream.Request.UsageOption: OpenAI's
 // stream_options.include_usage).
-func injectable(api record.API) bool {
-	a := stream.LookupAPI(string(api))
-	return a != nil && a.Request.UsageOption
-}
+func injectable(api *stream.API) bool { return api.Request.UsageOption }
 
 // bodyFields are the top-level members of a request body that the peek
 // keeps: the model, the stream flag, and the raw values of peekKeys (the
@@ -153,14 +156,10 @@ func decode[T any](b *bodyFields, path string) *T {
 	return p
 }
 
-func (b *bodyFields) info(api record.API, whole bool, path string) requestInfo {
+func (b *bodyFields) info(api *stream.API, whole bool, path string) requestInfo {
 	in := requestInfo{API: api, Model: b.Model, Whole: whole}
 	in.Stream = b.Stream != nil && *b.Stream
-	a := stream.LookupAPI(string(api))
-	if a == nil {
-		return in
-	}
-	rq := a.Request
+	rq := api.Request
 	if in.Model == "" && rq.ModelFromPath != nil {
 		m := rq.ModelFromPath(path)
 		if len(m) > record.MaxModelBytes { // as member keeps it
@@ -264,7 +263,7 @@ func readFields(buf []byte, f *bodyFields) int {
 //
 // declare: the structure checks are on; the body's declared tools and
 // JSON output are read (requestInfo.Declared) when it is read whole.
-func peek(body io.ReadCloser, api record.API, path string, limit int, size int64, declare bool, budget *PeekBudget) (requestInfo, []byte, io.ReadCloser, error) {
+func peek(body io.ReadCloser, api *stream.API, path string, limit int, size int64, declare bool, budget *PeekBudget) (requestInfo, []byte, io.ReadCloser, error) {
 	var none bodyFields
 	if body == nil || body == http.NoBody {
 		return none.info(api, true, path), nil, body, nil
@@ -288,8 +287,8 @@ func peek(body io.ReadCloser, api record.API, path string, limit int, size int64
 			return in, buf, rest, nil
 		}
 		in := f.info(api, true, path)
-		if a := stream.LookupAPI(string(api)); declare && a != nil && a.Request.Declares != nil {
-			in.Declared = a.Request.Declares(f.raw)
+		if declare && api.Request.Declares != nil {
+			in.Declared = api.Request.Declares(f.raw)
 		}
 		in.held = held
 		return in, buf, rest, nil

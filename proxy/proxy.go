@@ -455,7 +455,10 @@ func (p *Proxy) stageUnended(r *http.Request, st *reqState) {
 	rec := st.rec
 	if rec == nil {
 		rec = record.New(0)
-		rec.Arrive, rec.ID, rec.Traffic, rec.API = st.arrive, p.nextID(), p.opts.Traffic, st.info.API
+		rec.Arrive, rec.ID, rec.Traffic = st.arrive, p.nextID(), p.opts.Traffic
+		if st.info.API != nil { // nil: it panicked before its route was classified
+			rec.API = st.info.API.Name
+		}
 		rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 		st.rec = rec
 	}
@@ -543,17 +546,17 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 		whole     []byte
 		rewritten *splicedBody
 	)
-	if api != record.APIOther {
+	if api != stream.APIOther {
 		in, peeked, body, err := peek(r.Body, api, r.URL.Path, p.opts.PeekBytes, r.ContentLength, p.opts.Structure != nil, p.opts.PeekBudget)
 		whole = peeked
 		if err != nil {
 			// The client's body broke while we read it: nothing can be forwarded.
 			rec := record.New(0)
-			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api
+			rec.Arrive, rec.ID, rec.Traffic, rec.API = arrive, p.nextID(), p.opts.Traffic, api.Name
 			rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 			st.rec = rec
-			rec.Tenant = p.tenant(r, api)
-			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+			rec.Tenant = p.tenant(r, api.Name)
+			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api.Name, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 				PromptTokens: -1, Check: p.opts.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			// A body that went idle past the bound also ends the request's
@@ -596,13 +599,13 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 	rec := record.New(hint)
 	rec.Arrive, rec.ID, rec.Traffic = arrive, p.nextID(), p.opts.Traffic
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
-	rec.API, rec.Stream, rec.MaxTokens, rec.RequestRead = info.API, info.Stream, info.MaxTokens, info.Read
+	rec.API, rec.Stream, rec.MaxTokens, rec.RequestRead = info.API.Name, info.Stream, info.MaxTokens, info.Read
 	rec.SetModel(info.Model)
 	st.rec, st.info = rec, info
-	rec.Tenant = p.tenant(r, info.API)
+	rec.Tenant = p.tenant(r, info.API.Name)
 	st.clientCtx, st.body = r.Context(), idle
 	start = pipeline.Start{
-		Key:      record.Key{API: info.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+		Key:      record.Key{API: info.API.Name, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
 		HTTP:     r,
 		Upstream: p.opts.Upstream,
 		Params:   pipeline.Params{MaxTokens: info.MaxTokens, Temperature: info.Temperature, TopP: info.TopP, Seed: info.Seed},
@@ -611,7 +614,7 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 		PromptTokens: max(r.ContentLength, 0) / 4,
 		Check:        p.opts.Check,
 	}
-	if info.API == record.APIOther {
+	if info.API == stream.APIOther {
 		start.PromptTokens = -1 // not understood: no energy share
 	}
 	if p.opts.Pipeline.Capturing() {
@@ -636,7 +639,7 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 }
 
 // tenant is the identity of r's tenant (Options.Tenants), "" with none.
-func (p *Proxy) tenant(r *http.Request, api record.API) string {
+func (p *Proxy) tenant(r *http.Request, api stream.Name) string {
 	if p.opts.Tenants == nil {
 		return ""
 	}
@@ -771,8 +774,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	enc := resp.Header.Get("Content-Encoding")
 	// A status that carries no answer (a redirect, a 204): its body is
 	// forwarded, never parsed or timed, whatever its Content-Type says.
-	answer := noAnswer(resp.StatusCode, api) == ""
-	if answer && api != record.APIOther && (enc == "" || enc == "identity") {
+	answer := noAnswer(resp.StatusCode, api.Name) == ""
+	if answer && api != stream.APIOther && (enc == "" || enc == "identity") {
 		switch ct {
 		case "text/event-stream":
 			kind = bodySSE
@@ -785,7 +788,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		case "application/json":
 			kind = bodyJSON
 		}
-	} else if answer && api != record.APIOther {
+	} else if answer && api != stream.APIOther {
 		st.obs.TapFailed("content_encoding")
 		st.rec.TapFailed = "content_encoding"
 	}
@@ -808,7 +811,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 300 && kind != bodyOpaque && p.opts.Structure != nil {
 		st.tap.col = p.opts.Structure.Collector(&st.info.Declared)
 	}
-	if api != record.APIOther && resp.StatusCode < 300 && answer {
+	if api != stream.APIOther && resp.StatusCode < 300 && answer {
 		engineHeaders(resp.Header, st.rec, st.tap)
 	}
 	st.tap.capture = p.opts.Pipeline.Capturing()
@@ -939,7 +942,7 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		}
 	case none != "" && t.eof:
 		rec.Outcome, rec.ErrorType = record.NoAnswer, none
-	case t.eof && rec.FirstByte.IsZero() && rec.API != record.APIOther && status < 300:
+	case t.eof && rec.FirstByte.IsZero() && rec.API != stream.NameOther && status < 300:
 		// An answer status with no byte of body: nothing was answered.
 		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrEmptyBody
 	case t.streamErr:
@@ -995,13 +998,13 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 // and 203 carry an answer; every 3xx (a redirect, which the sidecar never
 // follows; a 304) carries none on any route; a final 1xx never reaches
 // here (net/http reads past it, and a 101 is a protocol switch).
-func noAnswer(status int, api record.API) string {
+func noAnswer(status int, api stream.Name) string {
 	switch {
 	case status >= 300 && status < 400:
 		return record.ErrHTTP3xx
 	case status >= 400:
 		return ""
-	case api == record.APIOther:
+	case api == stream.NameOther:
 		return "" // any 2xx answers a route the tap does not parse (a 204 to a DELETE)
 	case status == http.StatusOK || status == http.StatusCreated || status == http.StatusNonAuthoritativeInfo:
 		return ""

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // front runs a proxy with opts in front of h; its records are collected,
@@ -213,7 +214,7 @@ func TestOtherRoutesPassThroughUntouched(t *testing.T) {
 	if gotBody != `POST /v1/embeddings {"input":"x","stream":true}` {
 		t.Fatalf("upstream saw %q", gotBody)
 	}
-	if r := only(t, sink); r.API != record.APIOther || r.Outcome != record.Success {
+	if r := only(t, sink); r.API != stream.NameOther || r.Outcome != record.Success {
 		t.Fatalf("record api=%s outcome=%s", r.API, r.Outcome)
 	}
 }

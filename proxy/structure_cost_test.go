@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/structure"
 )
@@ -257,7 +256,7 @@ func BenchmarkStructureCheck4KiB(b *testing.B) {
 	req, resp := fourKiBCall()
 	k := &structure.Checker{}
 	one := func(checked bool) {
-		in, _, _, _ := peek(io.NopCloser(strings.NewReader(string(req))), record.APIChat, "/v1/chat/completions", 1<<20, int64(len(req)), checked, nil)
+		in, _, _, _ := peek(io.NopCloser(strings.NewReader(string(req))), stream.APIChat, "/v1/chat/completions", 1<<20, int64(len(req)), checked, nil)
 		st := realState(128)
 		tp := newTap(io.NopCloser(strings.NewReader(string(resp))), st, bodySSE, stream.FormatOpenAI, false, 1<<20)
 		if checked {

@@ -54,7 +54,7 @@ var realPipeline = sync.OnceValue(func() *pipeline.Pipeline {
 func realState(hint int) *reqState {
 	rec := record.New(hint)
 	rec.Arrive = time.Now()
-	_, q := realPipeline().Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: record.APIChat, Model: "m", Traffic: "live"}})
+	_, q := realPipeline().Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: stream.NameChat, Model: "m", Traffic: "live"}})
 	return &reqState{rec: rec, obs: q, clock: record.SystemClock{}}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Protocol switches (docs/measurement.md §3, "Upgrades"). A 101 Switching
@@ -75,7 +76,7 @@ func (p *Proxy) upgrade(st *reqState, resp *http.Response) error {
 	if st.switchTimer != nil && !st.switchTimer.Stop() {
 		return errors.New("the request timeout passed before the upstream switched protocols")
 	}
-	st.rec.API = record.APIUpgrade
+	st.rec.API = stream.NameUpgrade
 	st.upgrade = &upstreamConn{ReadWriteCloser: body}
 	if cw, ok := st.phases.conn.(interface{ CloseWrite() error }); ok {
 		st.upgrade.half = cw

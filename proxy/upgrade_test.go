@@ -22,6 +22,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // A minimal RFC 6455 WebSocket, standard library only: the handshake and
@@ -235,7 +236,7 @@ func TestWebSocketEcho(t *testing.T) {
 		}
 	}
 	e2e, _ := r.E2E()
-	if r.API != record.APIUpgrade || r.Outcome != record.Success || r.ErrorType != "" || r.HTTPStatus != 101 ||
+	if r.API != stream.NameUpgrade || r.Outcome != record.Success || r.ErrorType != "" || r.HTTPStatus != 101 ||
 		r.OutputTokens != -1 || r.TokenEvents() != 0 || r.UsageInjected || e2e <= 0 {
 		t.Fatalf("record api=%s %s/%s status=%d out=%d events=%d e2e=%v", r.API, r.Outcome, r.ErrorType, r.HTTPStatus,
 			r.OutputTokens, r.TokenEvents(), e2e)
@@ -289,7 +290,7 @@ func TestWebSocketEnds(t *testing.T) {
 			wsRoundTrip(t, conn, br, []byte("hello"))
 			c.end(p, conn, br)
 			io.Copy(io.Discard, br) // until the proxy closes the client's side
-			if r := only(t, &sink); r.API != record.APIUpgrade || r.Outcome != c.outcome || r.ErrorType != c.etype || r.HTTPStatus != 101 {
+			if r := only(t, &sink); r.API != stream.NameUpgrade || r.Outcome != c.outcome || r.ErrorType != c.etype || r.HTTPStatus != 101 {
 				t.Fatalf("record api=%s %s/%s status %d, want upgrade %s/%s", r.API, r.Outcome, r.ErrorType, r.HTTPStatus, c.outcome, c.etype)
 			}
 		})
@@ -325,7 +326,7 @@ func TestH2CPriorKnowledgeRefused(t *testing.T) {
 		t.Fatal("the connection stayed open after the refusal")
 	}
 	do(t, fs, "/v1/chat/completions", streamBody)
-	if r := only(t, sink); r.API != record.APIChat || r.Outcome != record.Success || hits.Load() != 1 {
+	if r := only(t, sink); r.API != stream.NameChat || r.Outcome != record.Success || hits.Load() != 1 {
 		t.Fatalf("record api=%s outcome=%s, engine hits %d: the preface was forwarded or recorded", r.API, r.Outcome, hits.Load())
 	}
 }
@@ -360,7 +361,7 @@ func TestH2CUpgradeDeclined(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != strings.Join(events, "") {
 		t.Fatalf("%s %q, want the stream", resp.Status, b)
 	}
-	if r := only(t, sink); r.API != record.APIChat || r.Outcome != record.Success || r.OutputTokens != 1 {
+	if r := only(t, sink); r.API != stream.NameChat || r.Outcome != record.Success || r.OutputTokens != 1 {
 		t.Fatalf("record api=%s outcome=%s tokens %d", r.API, r.Outcome, r.OutputTokens)
 	}
 }
@@ -391,7 +392,7 @@ func TestUpgradeMismatchRefused(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("%s, want 502", resp.Status)
 	}
-	if r := only(t, sink); r.Outcome != record.Error || r.HTTPStatus != 502 || r.API == record.APIUpgrade {
+	if r := only(t, sink); r.Outcome != record.Error || r.HTTPStatus != 502 || r.API == stream.NameUpgrade {
 		t.Fatalf("record api=%s %s/%s %d", r.API, r.Outcome, r.ErrorType, r.HTTPStatus)
 	}
 }
@@ -415,7 +416,7 @@ func TestWebSocketTimeoutOnlyUntilTheSwitch(t *testing.T) {
 		wsWrite(conn, wsClose, []byte{0x03, 0xe8}, []byte{9, 8, 7, 6})
 		io.Copy(io.Discard, br) // the close frame, then the upstream's end
 		conn.Close()
-		if r := only(t, sink); r.API != record.APIUpgrade || r.Outcome != record.Success || r.HTTPStatus != 101 {
+		if r := only(t, sink); r.API != stream.NameUpgrade || r.Outcome != record.Success || r.HTTPStatus != 101 {
 			t.Fatalf("record api=%s %s/%s status %d, want upgrade success 101", r.API, r.Outcome, r.ErrorType, r.HTTPStatus)
 		}
 	})

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // benchRecord is a finished 200-token streamed request, judged and
@@ -12,7 +14,7 @@ import (
 func benchRecord() *Record {
 	r := New(200)
 	r.Arrive = time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	r.ID, r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.HTTPStatus = "0a1b2c3d-42", APIChat, "meta-llama/Llama-3.1-8B-Instruct", "live", true, Success, 200
+	r.ID, r.API, r.Model, r.Traffic, r.Stream, r.Outcome, r.HTTPStatus = "0a1b2c3d-42", stream.NameChat, "meta-llama/Llama-3.1-8B-Instruct", "live", true, Success, 200
 	r.TraceID, r.FinishReason, r.TokenSource, r.ResponseID = "0af7651916cd43dd8448eb211c80319c", "stop", "usage", "chatcmpl-b"
 	r.FirstByte, r.FirstEvent = r.Arrive.Add(40*time.Millisecond), r.Arrive.Add(41*time.Millisecond)
 	for i := range 200 {

@@ -2,38 +2,10 @@ package record
 
 import (
 	"encoding/json"
-	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tokentap/tokentap/config"
 )
-
-// config lists the api values for SLO scopes without importing record:
-// the two lists must stay equal.
-func TestConfigKnowsEveryAPI(t *testing.T) {
-	var names []string
-	for _, a := range APIs {
-		names = append(names, string(a))
-	}
-	if !slices.Equal(names, config.APIs) {
-		t.Fatalf("record.APIs %v, config.APIs %v", names, config.APIs)
-	}
-}
-
-// gen_ai.operation.name stays within the OTel well-known values (a
-// bounded label): chat, text_completion, and other for unparsed routes.
-func TestOperationIsBounded(t *testing.T) {
-	want := map[API]string{APIChat: "chat", APIResponses: "chat", APIMessages: "chat", APIOllamaChat: "chat",
-		APICompletions: "text_completion", APIOllamaGenerate: "text_completion", APITGIGenerate: "text_completion",
-		APILlamaCppCompletion: "text_completion", APIUpgrade: "other", APIOther: "other", API("anything"): "other"}
-	for a, op := range want {
-		if got := a.Operation(); got != op {
-			t.Errorf("%s: operation %q, want %q", a, got, op)
-		}
-	}
-}
 
 // response_id and the engine's durations reach the JSON when set, and
 // only then.

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // fileRecord is a record with id and a model name of pad bytes.
@@ -24,7 +26,7 @@ func fileRecord(id string, pad int) *Record {
 	r := New(0)
 	r.ID = id
 	r.Traffic = "live"
-	r.API = APIChat
+	r.API = stream.NameChat
 	r.Model = strings.Repeat("m", pad)
 	r.Outcome = Success
 	return r

@@ -1,6 +1,10 @@
 package record
 
-import "time"
+import (
+	"time"
+
+	"github.com/tokentap/tokentap/stream"
+)
 
 // Observer is told about every request while it runs: the live view,
 // for instruments that must move before the request ends (in-flight
@@ -16,7 +20,7 @@ type Observer interface {
 // most MaxModelBytes): observers bound it with the exporter's model
 // labels, the one bound every backend shares.
 type Key struct {
-	API     API
+	API     stream.Name
 	Model   string // as requested, at most MaxModelBytes
 	Traffic string // "live" or "canary"
 	Probe   string // the probe's name for canary traffic; "" for live

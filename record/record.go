@@ -55,47 +55,6 @@ const (
 	ErrLoop            = "loop_detected"  // the request came back to this sidecar (its Via names it): answered 508, not forwarded
 )
 
-// API names the request's route, a bounded label.
-type API string
-
-// The APIs, as stream describes them (stream.APIs: the routes, formats
-// and operation of each); everything no route matches is APIOther and
-// passes through untouched.
-const (
-	APIChat               API = stream.NameChat
-	APICompletions        API = stream.NameCompletions
-	APIResponses          API = stream.NameResponses
-	APIMessages           API = stream.NameMessages
-	APIOllamaChat         API = stream.NameOllamaChat
-	APIOllamaGenerate     API = stream.NameOllamaGenerate
-	APITGIGenerate        API = stream.NameTGIGenerate
-	APILlamaCppCompletion API = stream.NameLlamaCppCompletion
-	// APIUpgrade is a connection that switched protocols (a 101: a
-	// WebSocket), spliced and not parsed: one record per connection.
-	APIUpgrade API = stream.NameUpgrade
-	APIOther   API = stream.NameOther
-)
-
-// APIs lists every API (stream.APIs), APIOther last.
-var APIs = func() []API {
-	var as []API
-	for _, a := range stream.APIs() {
-		as = append(as, API(a.Name))
-	}
-	return as
-}()
-
-// Operation returns the gen_ai.operation.name of the API (stream.API's
-// Operation): one of the OTel GenAI well-known values (chat,
-// text_completion), so that the label stays bounded; "other" for a name
-// that is no API.
-func (a API) Operation() string {
-	if d := stream.LookupAPI(string(a)); d != nil {
-		return d.Operation
-	}
-	return stream.OpOther
-}
-
 // Record is one request: plain data, with no behaviour attached. Time
 // fields are zero when the instant did not happen (no token, no upstream
 // response...). Offsets in the JSON form are milliseconds from Arrive,
@@ -112,8 +71,12 @@ func (a API) Operation() string {
 type Record struct {
 	ID      string
 	Traffic string // "live" for proxied traffic, "canary" for probes, "replay" for tokentap replay
-	API     API
-	Model   string // the requested model as sent, at most MaxModelBytes; "" when unknown
+	// API is the request's API, named as stream's registry names it
+	// (stream.APIs); everything no route matches is stream.NameOther,
+	// passed through untouched, and a connection that switched protocols
+	// stream.NameUpgrade: one record per connection.
+	API   stream.Name
+	Model string // the requested model as sent, at most MaxModelBytes; "" when unknown
 	// ModelTruncated says Model was cut to MaxModelBytes.
 	ModelTruncated bool
 	Stream         bool

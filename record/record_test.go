@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 const msec = time.Millisecond
@@ -27,7 +29,7 @@ func docsExample(t *testing.T) *Record {
 		t.Fatal(err)
 	}
 	r := New(8)
-	r.ID, r.Arrive, r.Traffic, r.API, r.Stream = "d3ac370d-1", start, "live", APIChat, true
+	r.ID, r.Arrive, r.Traffic, r.API, r.Stream = "d3ac370d-1", start, "live", stream.NameChat, true
 	r.SetModel("m1")
 	r.Outcome, r.HTTPStatus, r.FinishReason = Success, 200, "length"
 	r.InputTokens, r.OutputTokens, r.TokenSource = 7, 8, "usage"

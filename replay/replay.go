@@ -361,7 +361,7 @@ func (r *Runner) nextID() string { return r.idpfx + "-" + strconv.FormatUint(r.s
 func (r *Runner) skip(t *tally, c call, at time.Time, reason string) {
 	rec := record.New(0)
 	rec.ID = r.nextID()
-	rec.Arrive, rec.Traffic, rec.API, rec.Stream = at, Traffic, record.API(c.api.Name), c.stream
+	rec.Arrive, rec.Traffic, rec.API, rec.Stream = at, Traffic, c.api.Name, c.stream
 	rec.SetModel(c.model)
 	rec.Outcome, rec.ErrorType, rec.TokenSource = record.NotSent, reason, "none"
 	rec.Replay = &record.ReplayInfo{Line: c.req.Line, Scheduled: at, Rate: t.rate, NotSent: reason}

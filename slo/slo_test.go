@@ -13,6 +13,7 @@ import (
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 const ms = time.Millisecond
@@ -23,7 +24,7 @@ const ms = time.Millisecond
 func rec(outcome record.Outcome, n int64, at ...int) *record.Record {
 	r := record.New(len(at))
 	r.Arrive = time.Unix(1000, 0)
-	r.API, r.Traffic, r.Model, r.Stream = record.APIChat, "live", "m", true
+	r.API, r.Traffic, r.Model, r.Stream = stream.NameChat, "live", "m", true
 	r.Outcome, r.OutputTokens, r.InputTokens = outcome, n, 100
 	for _, a := range at {
 		r.AddToken(r.Arrive.Add(time.Duration(a)*ms), 0, true)

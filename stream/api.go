@@ -86,7 +86,25 @@ const (
 // EngineKinds lists every engine kind; callers must not modify it.
 var EngineKinds = []string{EngineVLLM, EngineSGLang, EngineTGI, EngineLlamaCpp, EngineTRTLLM, EngineDynamo, EngineOllama, EngineSimulator}
 
-// The names of the APIs (record.API's values).
+// Name is an API's name (API.Name): a record's api, a bounded label.
+// The zero Name is no API. The names are untyped constants, usable as
+// plain strings too.
+type Name string
+
+// API returns the API named n (LookupAPI), nil when there is none.
+func (n Name) API() *API { return LookupAPI(string(n)) }
+
+// Operation returns the gen_ai.operation.name of the API named n (its
+// Operation): one of the OTel GenAI well-known values, so that the label
+// stays bounded; OpOther for a name that is no API.
+func (n Name) Operation() string {
+	if a := n.API(); a != nil {
+		return a.Operation
+	}
+	return OpOther
+}
+
+// The names of the APIs (a record's api).
 const (
 	NameChat               = "chat"                // OpenAI Chat Completions
 	NameCompletions        = "completions"         // OpenAI (legacy) Completions
@@ -114,7 +132,7 @@ const (
 
 // API describes one API: everything the sidecar knows about it.
 type API struct {
-	Name string
+	Name Name
 	// Format reads its responses; nil for the pass-through APIs (upgrade,
 	// other), whose bodies are never parsed.
 	Format Format
@@ -356,8 +374,8 @@ var (
 	APIOther   = &API{Name: NameOther, Operation: OpOther}
 )
 
-// apis is the registry, in the order of record.APIs: a new API is one
-// line here, before APIUpgrade.
+// apis is the registry, in the order of APIs: a new API is one line
+// here, before APIUpgrade.
 var apis = []*API{
 	APIChat,
 	APICompletions,
@@ -378,7 +396,7 @@ func APIs() []*API { return apis }
 // LookupAPI returns the API named name, nil when there is none.
 func LookupAPI(name string) *API {
 	for _, a := range apis {
-		if a.Name == name {
+		if string(a.Name) == name {
 			return a
 		}
 	}
@@ -402,13 +420,12 @@ func Classify(path, engine string) *API {
 	return APIOther
 }
 
-// FormatOfAPI is the format of the responses of the API named api
-// (record.API as a string: stream imports no package of this project),
-// for content capture and answer checks (AnswerTextOf) outside the tap;
+// FormatOfAPI is the format of the responses of the API named api, for
+// content capture and answer checks (AnswerTextOf) outside the tap;
 // FormatOpenAI for the pass-through APIs, whose bodies nothing parses. It
 // panics on a name that is no API: a programming error.
-func FormatOfAPI(api string) Format {
-	a := LookupAPI(api)
+func FormatOfAPI(api Name) Format {
+	a := api.API()
 	switch {
 	case a == nil:
 		panic(fmt.Sprintf("stream: no API %q", api))

@@ -10,13 +10,13 @@ import (
 // routes has a format and a probe, and every format an adapter and an
 // answer reader.
 func TestAPIDescriptions(t *testing.T) {
-	seen := map[string]bool{}
+	seen := map[Name]bool{}
 	for _, a := range APIs() {
 		if a.Name == "" || seen[a.Name] {
 			t.Fatalf("API name %q empty or repeated", a.Name)
 		}
 		seen[a.Name] = true
-		if LookupAPI(a.Name) != a {
+		if LookupAPI(string(a.Name)) != a || a.Name.API() != a {
 			t.Fatalf("LookupAPI(%q) is not its description", a.Name)
 		}
 		if a.Operation != OpChat && a.Operation != OpTextCompletion && a.Operation != OpOther {
@@ -94,5 +94,24 @@ func TestSpanRouteAndEgressHosts(t *testing.T) {
 	}
 	if got := EgressHosts(); !slices.Contains(got, "api.openai.com") || !slices.Contains(got, "api.anthropic.com") || got[len(got)-1] != "*.openai.azure.com" {
 		t.Errorf("EgressHosts() = %v", got)
+	}
+}
+
+// gen_ai.operation.name stays within the OTel well-known values (a
+// bounded label): chat, text_completion, and other for unparsed routes
+// and names that are no API.
+func TestOperationIsBounded(t *testing.T) {
+	want := map[Name]string{NameChat: "chat", NameResponses: "chat", NameMessages: "chat", NameOllamaChat: "chat", NameGemini: "chat",
+		NameCompletions: "text_completion", NameOllamaGenerate: "text_completion", NameTGIGenerate: "text_completion",
+		NameLlamaCppCompletion: "text_completion", NameUpgrade: "other", NameOther: "other", "anything": "other", "": "other"}
+	for _, a := range APIs() {
+		if _, ok := want[a.Name]; !ok {
+			t.Errorf("%s: no operation expected", a.Name)
+		}
+	}
+	for a, op := range want {
+		if got := a.Operation(); got != op {
+			t.Errorf("%s: operation %q, want %q", a, got, op)
+		}
 	}
 }

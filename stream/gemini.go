@@ -18,7 +18,7 @@ import "strings"
 // Errors are Google's error object, https://ai.google.dev/gemini-api/docs/troubleshooting:
 // {"error":{"code":429,"message":"...","status":"RESOURCE_EXHAUSTED"}}.
 
-// NameGemini is the Gemini API's name (record.API).
+// NameGemini is the Gemini API's name.
 const NameGemini = "gemini"
 
 // FormatGemini: Gemini's GenerateContentResponse (ParseGemini).

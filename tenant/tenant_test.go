@@ -61,7 +61,7 @@ func TestAPIKeyIdentity(t *testing.T) {
 			req.Header.Set(c.header, c.value)
 		}
 		api := stream.Classify(req.URL.Path, "")
-		if got := r.Identify(req, api.Name); got != c.want {
+		if got := r.Identify(req, string(api.Name)); got != c.want {
 			t.Errorf("%s %s: %q: identity %q, want %q", c.path, c.header, c.value, got, c.want)
 		}
 	}

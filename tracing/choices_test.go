@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // A response with two choices: the span carries both finish reasons and
@@ -24,7 +25,7 @@ func TestSpanOfTwoChoices(t *testing.T) {
 	const ms = time.Millisecond
 	rec := record.New(8)
 	rec.Arrive = time.Now()
-	rec.API, rec.Traffic, rec.Outcome, rec.Stream, rec.OutputTokens = record.APIChat, "live", record.Success, true, 8
+	rec.API, rec.Traffic, rec.Outcome, rec.Stream, rec.OutputTokens = stream.NameChat, "live", record.Success, true, 8
 	rec.SetModel("m")
 	rec.AddToken(rec.Arrive.Add(100*ms), 0, true)
 	rec.SplitChoices(0)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // The inference span carries the record's connection phases, in
@@ -28,7 +29,7 @@ func TestSpanConnectionPhases(t *testing.T) {
 		t.Helper()
 		rec := record.New(1)
 		rec.Arrive = time.Now()
-		rec.API, rec.Traffic, rec.Outcome, rec.Stream, rec.OutputTokens = record.APIChat, "live", record.Success, true, 1
+		rec.API, rec.Traffic, rec.Outcome, rec.Stream, rec.OutputTokens = stream.NameChat, "live", record.Success, true, 1
 		rec.AddToken(rec.Arrive.Add(264*ms), 1, true)
 		rec.Terminal, rec.Upstream = rec.Arrive.Add(270*ms), up
 		_, s := tr.Start(context.Background(), httptest.NewRequest("POST", "/v1/chat/completions", nil), rec,

@@ -314,7 +314,7 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 			add(attribute.String("gen_ai.input.messages", msgs))
 		}
 		if captured != nil {
-			text := c.clean(stream.AnswerTextOf(stream.FormatOfAPI(string(rec.API)), captured, rec.Stream))
+			text := c.clean(stream.AnswerTextOf(stream.FormatOfAPI(rec.API), captured, rec.Stream))
 			out, _ := json.Marshal([]map[string]any{{"role": "assistant", "parts": []map[string]string{{"type": "text", "content": text}},
 				"finish_reason": safe.String(rec.FinishReason, 0)}})
 			add(attribute.String("gen_ai.output.messages", string(out)))

@@ -22,6 +22,7 @@ import (
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // otlpReceiver is an OTLP/HTTP endpoint that counts the trace exports it
@@ -76,7 +77,7 @@ func TestHostileStringsInSpans(t *testing.T) {
 
 	rec := record.New(2)
 	rec.Arrive = time.Now()
-	rec.API, rec.Traffic, rec.Outcome = record.APIOther, "live", record.Success
+	rec.API, rec.Traffic, rec.Outcome = stream.NameOther, "live", record.Success
 	rec.SetModel("m\r\n\x1b[31m\xff")
 	// An engine's model of 3-byte characters, cut at 256 bytes inside one
 	// (as the tap keeps it), and an id with NUL and U+2028.

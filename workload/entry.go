@@ -34,7 +34,7 @@ type Meta struct {
 	// Line is the 1-based line of the Entry this belongs to, when Meta
 	// is written to a side file; 0 on the same line.
 	Line int64 `json:"line,omitempty"`
-	// API is the request's API name (record.API), Model its bounded
+	// API is the request's API name (stream.Name), Model its bounded
 	// model label.
 	API   string `json:"api"`
 	Model string `json:"model,omitempty"`
