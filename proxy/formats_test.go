@@ -406,6 +406,35 @@ func TestFormatsWholeBodies(t *testing.T) {
 	}
 }
 
+// TGI's response headers are read from TGI only (stream.API's
+// EngineHeaders): the same headers from another engine, or on an API
+// that is not TGI's, say nothing.
+func TestEngineHeadersByEngine(t *testing.T) {
+	hdr := http.Header{"X-Queue-Time": {"3"}, "X-Prompt-Tokens": {"5"}, "X-Generated-Tokens": {"4"}}
+	chat := `{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}]}`
+	msg := `{"id":"msg_2","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn"}`
+	for _, c := range []struct {
+		name, engine, path, req, body string
+		read                          bool
+	}{
+		{"chat from TGI", EngineTGI, "/v1/chat/completions", `{"model":"m"}`, chat, true},
+		{"chat from another engine", "vllm", "/v1/chat/completions", `{"model":"m"}`, chat, false},
+		{"chat from an unknown engine", "", "/v1/chat/completions", `{"model":"m"}`, chat, false},
+		{"messages from TGI", EngineTGI, "/v1/messages", `{"model":"m","max_tokens":5,"messages":[]}`, msg, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			steps := []step{{at: 9 * time.Millisecond, raw: c.body, client: c.body}}
+			u := &lockstepUp{ct: "application/json", steps: steps, header: hdr}
+			r, _ := runLockstep(t, u, Options{Engine: c.engine}, c.path, c.req)
+			read := r.Engine.Known&record.EngineQueue != 0 && r.Engine.Queue == 3*time.Millisecond && r.InputTokens == 5 && r.OutputTokens == 4
+			unread := r.Engine.Known == 0 && r.InputTokens == -1 && r.OutputTokens != 4
+			if (c.read && !read) || (!c.read && !unread) {
+				t.Fatalf("engine %+v in %d out %d (%s), headers read: want %v", r.Engine, r.InputTokens, r.OutputTokens, r.TokenSource, c.read)
+			}
+		})
+	}
+}
+
 // An HTTP error status is http_4xx / http_5xx for every format, with the
 // engine's numeric code (when its error body has one) in error_code;
 // 429 and 503 are rejections.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tokentap/tokentap/record"
@@ -20,7 +21,7 @@ type requestInfo struct {
 	Model        string
 	Stream       bool
 	MaxTokens    int64
-	IncludeUsage bool // the client asked for the usage chunk itself
+	IncludeUsage bool // the client asked for usage itself (stream.Request.Usage)
 	Temperature  *float64
 	TopP         *float64
 	Seed         *int64
@@ -74,9 +75,8 @@ func formatOf(api *stream.API) stream.Format {
 }
 
 // injectable reports whether the API has a way to ask the engine for
-// usage in a stream (stream.Request.UsageOption: OpenAI's
-// stream_options.include_usage).
-func injectable(api *stream.API) bool { return api.Request.UsageOption }
+// usage in a stream (stream.Request.Usage).
+func injectable(api *stream.API) bool { return api.Request.Usage != nil }
 
 // bodyFields are the top-level members of a request body that the peek
 // keeps: the model, the stream flag, and the raw values of peekKeys (the
@@ -91,7 +91,7 @@ type bodyFields struct {
 // names: its output-token limit, its sampling object and parameters, its
 // usage option.
 var peekKeys = func() []string {
-	keys := []string{"stream_options"}
+	var keys []string
 	add := func(k string) {
 		k, _, _ = strings.Cut(k, ".")
 		if k != "" && !slices.Contains(keys, k) {
@@ -109,6 +109,9 @@ var peekKeys = func() []string {
 		}
 		for _, k := range rq.DeclareKeys {
 			add(k)
+		}
+		if rq.Usage != nil {
+			add(rq.Usage.Object)
 		}
 	}
 	return keys
@@ -188,11 +191,9 @@ func (b *bodyFields) info(api *stream.API, whole bool, path string) requestInfo 
 			break
 		}
 	}
-	if rq.UsageOption {
-		if so := decode[struct {
-			IncludeUsage bool `json:"include_usage"`
-		}](b, "stream_options"); so != nil {
-			in.IncludeUsage = so.IncludeUsage
+	if u := rq.Usage; u != nil {
+		if asked := decode[bool](b, u.Object+"."+u.Member); asked != nil {
+			in.IncludeUsage = *asked
 		}
 	}
 	return in
@@ -256,7 +257,7 @@ func readFields(buf []byte, f *bodyFields) int {
 // 1 MiB of heap; TestPeekHeapPerSlowClient). The members the sidecar
 // needs are found by stream's scanner, which allocates nothing, and only
 // their small values are decoded (json.Unmarshal of the whole body into
-// the fields walked every message; withIncludeUsage then decoded the body
+// the fields walked every message; withUsage then decoded the body
 // into a map and encoded it again: 4.9 MB allocated for a 1 MB body,
 // about 8 MB of RSS per request in flight; now 1.4 MB;
 // TestPrepareBytesPer1MBRequest, docs/performance.md).
@@ -358,17 +359,17 @@ type splicedBody struct {
 // Close implements io.Closer.
 func (*splicedBody) Close() error { return nil }
 
-// withIncludeUsage returns the body with stream_options.include_usage set
-// to true, every other member kept as it was, byte for byte and in its
-// place: a stream_options object is replaced by one with include_usage
-// added, a null one by {"include_usage":true}, and a body without one
-// gets that member first. body must be one JSON object (peek's Whole).
-// Of several stream_options members the last is replaced (the one JSON
-// decoders keep).
-func withIncludeUsage(body []byte) (*splicedBody, error) {
+// withUsage returns the body asking for usage as u says (OpenAI's
+// stream_options.include_usage set to true), every other member kept as
+// it was, byte for byte and in its place: a u.Object object is replaced
+// by one with u.Member added, a null one by {"<Member>":true}, and a
+// body without one gets that member first. body must be one JSON object
+// (peek's Whole). Of several u.Object members the last is replaced (the
+// one JSON decoders keep).
+func withUsage(body []byte, u *stream.UsageOption) (*splicedBody, error) {
 	so, soEnd := -1, -1
 	end := stream.TopMembers(body, func(k []byte, s, e int) {
-		if string(k) == "stream_options" {
+		if string(k) == u.Object {
 			so, soEnd = s, e
 		}
 	})
@@ -377,7 +378,7 @@ func withIncludeUsage(body []byte) (*splicedBody, error) {
 	}
 	if so < 0 {
 		open := bytes.IndexByte(body, '{') + 1
-		member := `"stream_options":{"include_usage":true}`
+		member := strconv.Quote(u.Object) + ":{" + strconv.Quote(u.Member) + ":true}"
 		if len(bytes.TrimSpace(body[open:end-1])) > 0 {
 			member += ","
 		}
@@ -389,7 +390,7 @@ func withIncludeUsage(body []byte) (*splicedBody, error) {
 			return nil, err
 		}
 	}
-	m["include_usage"] = json.RawMessage("true")
+	m[u.Member] = json.RawMessage("true")
 	enc, err := json.Marshal(m)
 	if err != nil {
 		return nil, err

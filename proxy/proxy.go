@@ -585,7 +585,7 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 		// injected; a client that refuses one gets no injection (tap.go,
 		// refusesIdentity).
 		if p.opts.InjectUsage && injectable(api) && in.Whole && in.Stream && !in.IncludeUsage && !refusesIdentity(r.Header) {
-			if nb, err := withIncludeUsage(whole); err == nil {
+			if nb, err := withUsage(whole, api.Request.Usage); err == nil {
 				rewritten = nb
 			}
 		}
@@ -811,8 +811,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 300 && kind != bodyOpaque && p.opts.Structure != nil {
 		st.tap.col = p.opts.Structure.Collector(&st.info.Declared)
 	}
-	if api != stream.APIOther && resp.StatusCode < 300 && answer {
-		engineHeaders(resp.Header, st.rec, st.tap)
+	if h := api.HeadersFrom(p.engineKind()); h != nil && resp.StatusCode < 300 && answer {
+		engineHeaders(h, resp.Header, st.rec, st.tap)
 	}
 	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
@@ -1052,33 +1052,33 @@ func (p *Proxy) tokens(st *reqState) {
 	}
 }
 
-// engineHeaders reads what an engine reports in response headers: TGI
-// sets, on a non-streaming /generate, x-queue-time, x-inference-time and
-// x-total-time (integer milliseconds), x-prompt-tokens and
-// x-generated-tokens (huggingface/text-generation-inference
-// router/src/server.rs, generate). Body usage, when there is some, wins
-// over the header counts (proxy.tokens). Once per request, not per token.
-func engineHeaders(h http.Header, rec *record.Record, t *tap) {
-	ms := func(name string, bit uint8) {
-		if v := h.Get(name); v != "" {
+// engineHeaders reads what an engine reports in response headers (the
+// API's stream.EngineHeaders for the engine: TGI's x-queue-time...).
+// Body usage, when there is some, wins over the header counts
+// (proxy.tokens). Once per request, not per token.
+func engineHeaders(eh *stream.EngineHeaders, h http.Header, rec *record.Record, t *tap) {
+	for _, ht := range eh.Times {
+		if v := h.Get(ht.Name); v != "" {
 			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 && n < 1<<40 {
 				var e stream.EngineTimes
-				e.Set(bit, time.Duration(n)*time.Millisecond)
+				e.Set(ht.Bit, time.Duration(n)*time.Millisecond)
 				mergeEngine(&rec.Engine, e)
 			}
 		}
 	}
-	ms("X-Queue-Time", stream.EngineQueue)
-	ms("X-Inference-Time", stream.EngineInference)
-	ms("X-Total-Time", stream.EngineTotal)
-	if v := h.Get("X-Generated-Tokens"); v != "" {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
-			t.hdrOut = n
+	count := func(name string) int64 {
+		if name == "" {
+			return -1
 		}
+		if n, err := strconv.ParseInt(h.Get(name), 10, 64); err == nil && n >= 0 {
+			return n
+		}
+		return -1
 	}
-	if v := h.Get("X-Prompt-Tokens"); v != "" {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
-			rec.InputTokens = n
-		}
+	if n := count(eh.OutputTokens); n >= 0 {
+		t.hdrOut = n
+	}
+	if n := count(eh.InputTokens); n >= 0 {
+		rec.InputTokens = n
 	}
 }

@@ -24,20 +24,6 @@ type Structure interface {
 	Record(rec *record.Record, d *stream.Declared, col *stream.Collector, partial, truncated, lost bool)
 }
 
-// truncatedReasons are the finish reasons that say an answer was cut at
-// its token limit: OpenAI's and Ollama's length, Anthropic's max_tokens,
-// Gemini's MAX_TOKENS, the Responses API's max_output_tokens.
-var truncatedReasons = []string{"length", "max_tokens", "MAX_TOKENS", "max_output_tokens"}
-
-func truncated(reason string) bool {
-	for _, r := range truncatedReasons {
-		if reason == r {
-			return true
-		}
-	}
-	return false
-}
-
 // structureCheck prepares the structure check (Options.Structure) of a
 // finished request: a successful answer to a request that declared tools
 // or a JSON output, or whose body was not read whole (then it says
@@ -58,7 +44,7 @@ func (p *Proxy) structureCheck(st *reqState) func() {
 		col, t.col = t.col, nil
 		lost = t.wholeOver || t.oversized > 0 || t.failed
 	}
-	a := stream.LookupAPI(string(rec.API))
+	a := rec.API.API()
 	partial := st.info.Read != ""
 	if a == nil || a.Request.Declares == nil || rec.Outcome != record.Success || (!partial && col == nil) {
 		if col != nil {
@@ -66,7 +52,7 @@ func (p *Proxy) structureCheck(st *reqState) func() {
 		}
 		return nil
 	}
-	d, cut := &st.info.Declared, truncated(rec.FinishReason)
+	d, cut := &st.info.Declared, a.CutBy(rec.FinishReason)
 	return func() {
 		k.Record(rec, d, col, partial, cut, lost)
 		if col != nil {

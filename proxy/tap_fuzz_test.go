@@ -55,7 +55,8 @@ func realState(hint int) *reqState {
 	rec := record.New(hint)
 	rec.Arrive = time.Now()
 	_, q := realPipeline().Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: stream.NameChat, Model: "m", Traffic: "live"}})
-	return &reqState{rec: rec, obs: q, clock: record.SystemClock{}}
+	rec.API = stream.NameChat
+	return &reqState{rec: rec, obs: q, clock: record.SystemClock{}, info: requestInfo{API: stream.APIChat}}
 }
 
 // expectStripped frames the whole input at once and removes every complete

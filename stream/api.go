@@ -167,6 +167,90 @@ type API struct {
 	// hash the key into a tenant identity (docs/config.md, tenant).
 	KeyHeaders []string
 	KeyQuery   string
+	// SendKey is the header the sidecar's own requests (the canary,
+	// replay) send a configured API key in, with its scheme; zero: the
+	// bearer token of DefaultKeyHeaders (KeyHeader).
+	SendKey KeyHeader
+	// ProbeHeaders are the headers, name then value, every request the
+	// sidecar itself sends the API carries (Anthropic's
+	// anthropic-version, without which it refuses a request).
+	ProbeHeaders [][2]string
+	// Response says what its responses mean beyond what the Format reads.
+	Response Response
+}
+
+// KeyHeader is a request header that carries an API key: Name, and the
+// Scheme written before the key ("Bearer" in Authorization; "": the key
+// alone).
+type KeyHeader struct {
+	Name, Scheme string
+}
+
+// bearer is the key of the OpenAI API and of the engines that take one.
+var bearer = KeyHeader{Name: "Authorization", Scheme: "Bearer"}
+
+// KeyHeader returns the header, name and value, that sends key to the
+// API (SendKey; a bearer token when it names none).
+func (a *API) KeyHeader(key string) (name, value string) {
+	k := a.SendKey
+	if k.Name == "" {
+		k = bearer
+	}
+	if k.Scheme != "" {
+		return k.Name, k.Scheme + " " + key
+	}
+	return k.Name, key
+}
+
+// Response says what an API's responses mean beyond what its Format
+// reads.
+type Response struct {
+	// Cut are the finish reasons that say the answer was cut at its
+	// token limit (the structure checks judge a cut answer's JSON
+	// "truncated", not invalid); nil: none says so.
+	Cut []string
+	// Headers are the response headers engines report a request's
+	// durations and counts in, by engine (HeadersFrom).
+	Headers []*EngineHeaders
+}
+
+// EngineHeaders are the response headers in which one engine reports a
+// request's durations (integer milliseconds) and token counts; each
+// name "" is a header it does not send.
+type EngineHeaders struct {
+	// Engine is the engine kind that sends them: they are read only from
+	// that engine, or on an API that implies it (API.Engine).
+	Engine string
+	// Times are the headers of the durations, each with its EngineTimes
+	// bit (EngineQueue...).
+	Times []HeaderTime
+	// InputTokens and OutputTokens are the headers of the token counts.
+	InputTokens, OutputTokens string
+}
+
+// HeaderTime is a response header holding one engine duration in integer
+// milliseconds, and the EngineTimes bit it sets.
+type HeaderTime struct {
+	Name string
+	Bit  uint8
+}
+
+// HeadersFrom returns the engine headers to read on a's responses when
+// the detected engine is engine ("" when unknown): those of that engine,
+// or of the engine a implies; nil when none.
+func (a *API) HeadersFrom(engine string) *EngineHeaders {
+	for _, h := range a.Response.Headers {
+		if h.Engine == engine || h.Engine == a.Engine {
+			return h
+		}
+	}
+	return nil
+}
+
+// CutBy reports whether the finish reason says the answer was cut at its
+// token limit (Response.Cut).
+func (a *API) CutBy(reason string) bool {
+	return reason != "" && slices.Contains(a.Response.Cut, reason)
 }
 
 // DefaultKeyHeaders carry the API key of an API that names none: the
@@ -227,11 +311,20 @@ type Request struct {
 	// ModelFromPath returns the model a request path names, for an API
 	// whose body names none; nil: the body's "model" only.
 	ModelFromPath func(path string) string
-	// UsageOption: the client can ask for usage in a stream with
-	// stream_options.include_usage (OpenAI chat and completions), which
-	// the sidecar may add. The other formats report their counts unasked
-	// or not at all.
-	UsageOption bool
+	// Usage says how a client asks for usage in a stream, which the
+	// sidecar may ask for it (the proxy's InjectUsage); nil: the API
+	// reports its counts unasked or not at all.
+	Usage *UsageOption
+	// IgnoreEOS is the top-level member that, true, makes the engine
+	// generate exactly the output-token limit rather than stop at its
+	// end of sequence (the canary's ignore_eos, replay's
+	// --ignore-eos); "": the API has none, its limit is a cap and the
+	// answer may be shorter.
+	IgnoreEOS string
+	// Text says where the request's prompt and system text live, for
+	// content capture (tracing's gen_ai.input.messages and
+	// gen_ai.system_instructions).
+	Text Text
 	// Declares reads what the body declares for the structure checks
 	// (its tools, a JSON output: Declared) from the top-level members
 	// named in DeclareKeys, which member returns (nil: absent); nil: the
@@ -244,6 +337,47 @@ type Request struct {
 	// them in blocks to find shared prefixes (docs/capture.md); nil: the
 	// API has no prompt the capture reads.
 	Prompt []string
+}
+
+// UsageOption is how a client asks for usage in a stream: the request's
+// top-level Object (an object) with Member true.
+type UsageOption struct {
+	Object, Member string
+	// Reply is the top-level member of the chunks that then carries the
+	// usage: that of the usage-only chunk, and the one that asking adds
+	// to content chunks (null, or zeros), both cut by strip mode.
+	Reply string
+	// replyKey is Reply as a JSON string, for a scan that allocates
+	// nothing (ReplyKey).
+	replyKey []byte
+}
+
+// ReplyKey is Reply as a JSON string ("\"usage\""); callers must not
+// modify it.
+func (u *UsageOption) ReplyKey() []byte { return u.replyKey }
+
+// openAIUsage is stream_options.include_usage (the Chat Completions and
+// Completions APIs), whose usage chunk carries "usage".
+// Reply is UsageMember, which strip mode reads before a chunk is
+// complete (proxy/strip.go).
+var openAIUsage = &UsageOption{Object: "stream_options", Member: "include_usage", Reply: UsageMember, replyKey: []byte(`"` + UsageMember + `"`)}
+
+// Text says where a request body keeps its text, by top-level member.
+// Each member is read when present; a string is one text, structured
+// content is kept as its JSON text.
+type Text struct {
+	// Messages is the member holding the conversation: a list of
+	// messages, each with a "role" and its text in "content" or, when
+	// Parts, in the "text" of each of its "parts" (Gemini's contents);
+	// "": none.
+	Messages string
+	Parts    bool
+	// Prompt are the members holding a prompt of the user's.
+	Prompt []string
+	// System are the members holding system text (instructions): a
+	// string, a list of content blocks, or (Gemini's systemInstruction)
+	// a message with parts.
+	System []string
 }
 
 // SamplingNames are the names of temperature, top_p and seed in the
@@ -299,56 +433,82 @@ func ollamaProbe(path string, chat bool) func(ProbeParams) (string, map[string]a
 
 var openAIMaxTokens = []string{"max_completion_tokens", "max_tokens"}
 
+// tgiHeaders are the response headers TGI reports a request's queue,
+// inference and total time (integer milliseconds) and its token counts
+// in (huggingface/text-generation-inference router/src/server.rs,
+// generate: on a non-streaming answer).
+var tgiHeaders = &EngineHeaders{Engine: EngineTGI,
+	Times:       []HeaderTime{{"X-Queue-Time", EngineQueue}, {"X-Inference-Time", EngineInference}, {"X-Total-Time", EngineTotal}},
+	InputTokens: "X-Prompt-Tokens", OutputTokens: "X-Generated-Tokens"}
+
+// chatText is where a chat request keeps its text: "messages".
+var chatText = Text{Messages: "messages"}
+
 // The APIs.
 var (
 	APIChat = &API{Name: NameChat, Format: FormatOpenAI, Operation: OpChat,
 		Routes: []Route{{Path: "/chat/completions"}},
-		Request: Request{MaxTokens: openAIMaxTokens, UsageOption: true,
+		Request: Request{MaxTokens: openAIMaxTokens, Usage: openAIUsage, IgnoreEOS: "ignore_eos", Text: chatText,
 			Declares: declaresOpenAI, DeclareKeys: []string{"tools", "response_format"},
 			Prompt: []string{"tools", "messages"}},
+		Response:   Response{Cut: []string{"length"}, Headers: []*EngineHeaders{tgiHeaders}},
 		Probe:      openAIProbe("/v1/chat/completions", true),
 		SpanRoutes: []string{"/v1/chat/completions", "/chat/completions"},
 		Hosts:      []string{"api.openai.com"}, AlsoHosts: []string{"*.openai.azure.com"},
 		KeyHeaders: []string{"Authorization", "api-key"}} // api-key: Azure OpenAI
 	APICompletions = &API{Name: NameCompletions, Format: FormatOpenAI, Operation: OpTextCompletion,
-		Routes:     []Route{{Path: "/completions"}},
-		Request:    Request{MaxTokens: openAIMaxTokens, UsageOption: true, Prompt: []string{"prompt"}},
+		Routes: []Route{{Path: "/completions"}},
+		Request: Request{MaxTokens: openAIMaxTokens, Usage: openAIUsage, IgnoreEOS: "ignore_eos", Text: Text{Prompt: []string{"prompt"}},
+			Prompt: []string{"prompt"}},
+		// limit: a llama.cpp native payload read by the completions
+		// adapter (APILlamaCppCompletion).
+		Response:   Response{Cut: []string{"length", "limit"}, Headers: []*EngineHeaders{tgiHeaders}},
 		Probe:      openAIProbe("/v1/completions", false),
 		SpanRoutes: []string{"/v1/completions", "/completions"}}
 	APIResponses = &API{Name: NameResponses, Format: FormatResponses, Operation: OpChat,
 		Routes: []Route{{Path: "/v1/responses"}, {Path: "/responses", Exact: true}},
 		Request: Request{MaxTokens: []string{"max_output_tokens"}, Declares: declaresResponses, DeclareKeys: []string{"tools", "text"},
-			Prompt: []string{"tools", "instructions", "input"}},
+			Prompt: []string{"tools", "instructions", "input"}, Text: Text{Prompt: []string{"input"}, System: []string{"instructions"}}},
+		// max_output_tokens: incomplete_details.reason (ParseResponses).
+		Response: Response{Cut: []string{"max_output_tokens"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/responses", map[string]any{"model": p.Model, "input": p.Prompt, "max_output_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		}}
 	APIMessages = &API{Name: NameMessages, Format: FormatMessages, Operation: OpChat,
 		Routes: []Route{{Path: "/v1/messages"}, {Path: "/messages", Exact: true}},
 		Request: Request{MaxTokens: openAIMaxTokens, Declares: declaresMessages, DeclareKeys: []string{"tools"},
-			Prompt: []string{"tools", "system", "messages"}},
+			Prompt: []string{"tools", "system", "messages"}, Text: Text{Messages: "messages", System: []string{"system"}}},
+		// model_context_window_exceeded: cut by the context window
+		// rather than max_tokens, cut all the same.
+		Response: Response{Cut: []string{"max_tokens", "model_context_window_exceeded"}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/v1/messages", map[string]any{"model": p.Model, "messages": chatMessages(p.Prompt), "max_tokens": p.MaxTokens, "temperature": p.Temperature, "stream": p.Stream}
 		},
 		Hosts:      []string{"api.anthropic.com"},
-		KeyHeaders: []string{"x-api-key", "Authorization"}}
+		KeyHeaders: []string{"x-api-key", "Authorization"}, SendKey: KeyHeader{Name: "x-api-key"},
+		// https://docs.anthropic.com/en/api/versioning: required.
+		ProbeHeaders: [][2]string{{"anthropic-version", "2023-06-01"}}}
 	APIOllamaChat = &API{Name: NameOllamaChat, Format: FormatOllama, Operation: OpChat,
 		Routes: []Route{{Path: "/api/chat"}},
 		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
 			Declares: declaresOllama, DeclareKeys: []string{"tools", "format"},
-			Prompt: []string{"tools", "messages"}},
-		Probe: ollamaProbe("/api/chat", true)}
+			Prompt: []string{"tools", "messages"}, Text: chatText},
+		Response: Response{Cut: []string{"length"}}, // done_reason
+		Probe:    ollamaProbe("/api/chat", true)}
 	APIOllamaGenerate = &API{Name: NameOllamaGenerate, Format: FormatOllama, Operation: OpTextCompletion,
 		Routes: []Route{{Path: "/api/generate"}},
 		Request: Request{StreamUnlessFalse: true, MaxTokens: []string{"options.num_predict"}, Sampling: "options",
 			Declares: declaresOllama, DeclareKeys: []string{"format"},
-			Prompt: []string{"system", "prompt"}},
-		Probe: ollamaProbe("/api/generate", false)}
+			Prompt: []string{"system", "prompt"}, Text: Text{Prompt: []string{"prompt"}, System: []string{"system"}}},
+		Response: Response{Cut: []string{"length"}}, // done_reason
+		Probe:    ollamaProbe("/api/generate", false)}
 	// APITGIGenerate: /generate is TGI's native route only on TGI (SGLang
 	// has another /generate).
 	APITGIGenerate = &API{Name: NameTGIGenerate, Format: FormatTGI, Operation: OpTextCompletion, Engine: EngineTGI,
 		Routes: []Route{{Path: "/generate_stream"}, {Path: "/generate", Exact: true, Engine: EngineTGI}},
 		Request: Request{StreamRoute: "/generate_stream", MaxTokens: []string{"parameters.max_new_tokens"}, Sampling: "parameters",
-			Prompt: []string{"inputs"}},
+			Prompt: []string{"inputs"}, Text: Text{Prompt: []string{"inputs"}}},
+		Response: Response{Cut: []string{"length"}, Headers: []*EngineHeaders{tgiHeaders}},
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			params := map[string]any{"max_new_tokens": p.MaxTokens, "seed": p.Seed, "details": true}
 			if p.Temperature > 0 { // TGI refuses temperature 0: greedy is its default
@@ -365,8 +525,10 @@ var (
 	// llama.cpp native payload reaching the completions adapter is read
 	// all the same (ParseOpenAI hands it over).
 	APILlamaCppCompletion = &API{Name: NameLlamaCppCompletion, Format: FormatLlamaCpp, Operation: OpTextCompletion, Engine: EngineLlamaCpp,
-		Routes:  []Route{{Path: "/completions", Exact: true, Engine: EngineLlamaCpp}, {Path: "/completion", Exact: true}},
-		Request: Request{MaxTokens: []string{"n_predict", "max_completion_tokens", "max_tokens"}, Prompt: []string{"prompt"}},
+		Routes: []Route{{Path: "/completions", Exact: true, Engine: EngineLlamaCpp}, {Path: "/completion", Exact: true}},
+		Request: Request{MaxTokens: []string{"n_predict", "max_completion_tokens", "max_tokens"}, IgnoreEOS: "ignore_eos",
+			Prompt: []string{"prompt"}, Text: Text{Prompt: []string{"prompt"}}},
+		Response: Response{Cut: []string{"limit"}}, // stop_type
 		Probe: func(p ProbeParams) (string, map[string]any) {
 			return "/completion", map[string]any{"prompt": p.Prompt, "n_predict": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed, "stream": p.Stream}
 		}}

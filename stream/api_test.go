@@ -39,6 +39,42 @@ func TestAPIDescriptions(t *testing.T) {
 		if body == nil {
 			t.Errorf("%s: no probe body", a.Name)
 		}
+		rq := a.Request
+		if len(a.Response.Cut) == 0 {
+			t.Errorf("%s: no finish reason says an answer was cut", a.Name)
+		}
+		if u := rq.Usage; u != nil && (u.Object == "" || u.Member == "" || u.Reply == "" || string(u.ReplyKey()) != `"`+u.Reply+`"`) {
+			t.Errorf("%s: usage option %+v incomplete", a.Name, *u)
+		}
+		if rq.IgnoreEOS != "" && (slices.Contains(rq.MaxTokens, rq.IgnoreEOS) || strings.Contains(rq.IgnoreEOS, ".")) {
+			t.Errorf("%s: ignore_eos member %q", a.Name, rq.IgnoreEOS)
+		}
+		// The text content capture reads is part of the prompt the
+		// workload capture hashes: one description of the body.
+		tx := rq.Text
+		texts := append(append([]string{tx.Messages}, tx.Prompt...), tx.System...)
+		if tx.Messages == "" && len(tx.Prompt) == 0 {
+			t.Errorf("%s: no prompt text", a.Name)
+		}
+		for _, m := range texts {
+			if m != "" && !slices.Contains(rq.Prompt, m) {
+				t.Errorf("%s: text member %q is not in its prompt %v", a.Name, m, rq.Prompt)
+			}
+		}
+		// The key the sidecar sends is one its tenant identity reads.
+		if name, _ := a.KeyHeader("k"); !slices.Contains(a.Keys(), name) {
+			t.Errorf("%s: sends its key in %s, reads it from %v", a.Name, name, a.Keys())
+		}
+		for _, h := range a.ProbeHeaders {
+			if h[0] == "" || h[1] == "" {
+				t.Errorf("%s: probe header %q", a.Name, h)
+			}
+		}
+		for _, h := range a.Response.Headers {
+			if h.Engine == "" || len(h.Times) == 0 {
+				t.Errorf("%s: engine headers %+v", a.Name, *h)
+			}
+		}
 	}
 	if as := APIs(); as[len(as)-1] != APIOther {
 		t.Errorf("APIOther is not last")
@@ -113,5 +149,68 @@ func TestOperationIsBounded(t *testing.T) {
 		if got := a.Operation(); got != op {
 			t.Errorf("%s: operation %q, want %q", a, got, op)
 		}
+	}
+}
+
+// Each API's own rules: the finish reasons that mean "cut", the key
+// header and its scheme, the engine headers read from which engine.
+func TestAPIRules(t *testing.T) {
+	for _, c := range []struct {
+		api    *API
+		reason string
+		cut    bool
+	}{
+		{APIChat, "length", true}, {APIChat, "stop", false}, {APIChat, "max_tokens", false}, {APIChat, "", false},
+		{APICompletions, "length", true}, {APICompletions, "limit", true},
+		{APIResponses, "max_output_tokens", true}, {APIResponses, "completed", false},
+		{APIMessages, "max_tokens", true}, {APIMessages, "end_turn", false}, {APIMessages, "length", false},
+		{APIOllamaChat, "length", true}, {APIOllamaGenerate, "length", true}, {APIOllamaGenerate, "stop", false},
+		{APITGIGenerate, "length", true}, {APITGIGenerate, "eos_token", false},
+		{APILlamaCppCompletion, "limit", true}, {APILlamaCppCompletion, "eos", false},
+		{APIGemini, "MAX_TOKENS", true}, {APIGemini, "max_tokens", false}, {APIGemini, "STOP", false},
+		{APIOther, "length", false}, {APIUpgrade, "length", false},
+	} {
+		if got := c.api.CutBy(c.reason); got != c.cut {
+			t.Errorf("%s.CutBy(%q) = %v", c.api.Name, c.reason, got)
+		}
+	}
+	for _, c := range []struct {
+		api         *API
+		name, value string
+	}{
+		{APIChat, "Authorization", "Bearer k"}, {APICompletions, "Authorization", "Bearer k"},
+		{APIMessages, "x-api-key", "k"}, {APIGemini, "x-goog-api-key", "k"},
+		{APIOllamaChat, "Authorization", "Bearer k"}, {APITGIGenerate, "Authorization", "Bearer k"},
+	} {
+		if n, v := c.api.KeyHeader("k"); n != c.name || v != c.value {
+			t.Errorf("%s: key header %s: %s, want %s: %s", c.api.Name, n, v, c.name, c.value)
+		}
+	}
+	if !slices.Contains(APIMessages.ProbeHeaders, [2]string{"anthropic-version", "2023-06-01"}) {
+		t.Errorf("Messages probe headers %v", APIMessages.ProbeHeaders)
+	}
+	for _, c := range []struct {
+		api    *API
+		engine string
+		want   *EngineHeaders
+	}{
+		{APITGIGenerate, "", tgiHeaders}, {APITGIGenerate, EngineVLLM, tgiHeaders},
+		{APIChat, EngineTGI, tgiHeaders}, {APIChat, "", nil}, {APIChat, EngineVLLM, nil},
+		{APICompletions, EngineTGI, tgiHeaders}, {APIMessages, EngineTGI, nil}, {APIGemini, "", nil}, {APIOther, EngineTGI, nil},
+	} {
+		if got := c.api.HeadersFrom(c.engine); got != c.want {
+			t.Errorf("%s.HeadersFrom(%q) = %v", c.api.Name, c.engine, got)
+		}
+	}
+	if u := APIChat.Request.Usage; u == nil || u.Object != "stream_options" || u.Member != "include_usage" {
+		t.Errorf("chat usage option %v", u)
+	}
+	for _, a := range []*API{APIResponses, APIMessages, APIOllamaChat, APITGIGenerate, APIGemini, APILlamaCppCompletion} {
+		if a.Request.Usage != nil {
+			t.Errorf("%s: a usage option", a.Name)
+		}
+	}
+	if APIChat.Request.IgnoreEOS != "ignore_eos" || APIMessages.Request.IgnoreEOS != "" || APIGemini.Request.IgnoreEOS != "" {
+		t.Errorf("ignore_eos members")
 	}
 }

@@ -30,7 +30,9 @@ var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
 	Request: Request{StreamRoute: ":streamGenerateContent", MaxTokens: []string{"generationConfig.maxOutputTokens"},
 		Sampling: "generationConfig", SamplingKeys: [3]string{"temperature", "topP", "seed"}, ModelFromPath: geminiModel,
 		Declares: declaresGemini, DeclareKeys: []string{"tools", "generationConfig"},
-		Prompt: []string{"tools", "systemInstruction", "system_instruction", "contents"}},
+		Prompt: []string{"tools", "systemInstruction", "system_instruction", "contents"},
+		Text:   Text{Messages: "contents", Parts: true, System: []string{"systemInstruction", "system_instruction"}}},
+	Response: Response{Cut: []string{"MAX_TOKENS"}}, // finishReason
 	Probe: func(p ProbeParams) (string, map[string]any) {
 		path := "/v1beta/models/" + strings.TrimPrefix(p.Model, "models/") + ":generateContent"
 		if p.Stream {
@@ -40,7 +42,7 @@ var APIGemini = &API{Name: NameGemini, Format: FormatGemini, Operation: OpChat,
 			"generationConfig": map[string]any{"maxOutputTokens": p.MaxTokens, "temperature": p.Temperature, "seed": p.Seed}}
 	},
 	Hosts:      []string{"generativelanguage.googleapis.com"},
-	KeyHeaders: []string{"x-goog-api-key", "Authorization"}, KeyQuery: "key"}
+	KeyHeaders: []string{"x-goog-api-key", "Authorization"}, KeyQuery: "key", SendKey: KeyHeader{Name: "x-goog-api-key"}}
 
 // geminiModel is the model a Gemini path names: the last segment before
 // the ":method" (models/{model}:generateContent, tunedModels/{model}:...).
