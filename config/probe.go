@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"os"
@@ -31,11 +32,15 @@ type ProbeDef struct {
 	MaxTokens    int      `yaml:"max_tokens"`  // default 16
 	Temperature  *float64 `yaml:"temperature"` // default 0
 	Seed         *int64   `yaml:"seed"`        // default 42, where the engine honours it
-	// IgnoreEOS asks vLLM-style engines to generate exactly max_tokens: a
-	// shape-controlled probe.
+	// IgnoreEOS asks the engine to generate exactly max_tokens, with the
+	// API's own option (stream.Request.IgnoreEOS: vLLM's, SGLang's and
+	// llama.cpp's ignore_eos): a shape-controlled probe. Refused for an
+	// API that has none.
 	IgnoreEOS bool              `yaml:"ignore_eos"`
 	Headers   map[string]string `yaml:"headers"`
-	// APIKeyFile or APIKeyEnv supply a bearer token; it is never logged.
+	// APIKeyFile or APIKeyEnv supply the API key, sent in the API's own
+	// key header (stream.API.KeyHeader: a bearer token, Anthropic's
+	// x-api-key, Gemini's x-goog-api-key); it is never logged.
 	APIKeyFile string `yaml:"api_key_file"`
 	APIKeyEnv  string `yaml:"api_key_env"`
 	// Timeout bounds one probe; default 30s.
@@ -187,6 +192,8 @@ func (c Probes) Validate() []error {
 		}
 		if d.API != "" && !slices.Contains(ProbeAPIs(), d.API) {
 			bad("api must be one of %s, got %q", strings.Join(ProbeAPIs(), ", "), d.API)
+		} else if a := stream.LookupAPI(cmp.Or(d.API, stream.NameChat)); d.IgnoreEOS && a.Request.IgnoreEOS == "" {
+			bad("ignore_eos: the %s API has no such option (its limit is a cap)", a.Name)
 		}
 		if d.Schedule != "" && d.Schedule != "fixed" && d.Schedule != "poisson" {
 			bad("schedule must be fixed or poisson, got %q", d.Schedule)

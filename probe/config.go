@@ -42,10 +42,11 @@ func request(d *Def) (string, []byte) {
 	if d.PromptTokens > 0 {
 		prompt = fixedPrompt(d.PromptTokens)
 	}
-	path, m := stream.LookupAPI(d.API).Probe(stream.ProbeParams{Model: d.Model, Prompt: prompt, MaxTokens: d.MaxTokens,
+	a := stream.LookupAPI(d.API)
+	path, m := a.Probe(stream.ProbeParams{Model: d.Model, Prompt: prompt, MaxTokens: d.MaxTokens,
 		Temperature: *d.Temperature, Seed: *d.Seed, Stream: *d.Stream})
-	if d.IgnoreEOS {
-		m["ignore_eos"] = true
+	if d.IgnoreEOS && a.Request.IgnoreEOS != "" { // Validate refuses it where the API has none
+		m[a.Request.IgnoreEOS] = true
 	}
 	b, _ := json.Marshal(m)
 	return path, b

@@ -315,11 +315,15 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	a := stream.LookupAPI(d.API)
+	for _, h := range a.ProbeHeaders {
+		req.Header.Set(h[0], h[1])
+	}
 	for k, v := range d.Headers {
 		req.Header.Set(k, v)
 	}
 	if key := p.apiKey(d); key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set(a.KeyHeader(key)) // the API's own key header and scheme
 	}
 	if d.Target == "sidecar" {
 		req.Header.Set(proxy.ProbeHeaderName, p.opts.ProbeHeader)

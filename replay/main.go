@@ -100,7 +100,7 @@ func parse(args []string, stderr io.Writer) (flags, Options, error) {
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bounds one request (0: none)")
 	fs.StringVar(&f.records, "records", "", "write every replayed request's record to this JSONL file (docs/records.md)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "serve /metrics here while the replay runs (off when empty)")
-	fs.StringVar(&f.apiKeyEnv, "api-key-env", "", "the environment variable holding the target's API key (sent as a bearer token)")
+	fs.StringVar(&f.apiKeyEnv, "api-key-env", "", "the environment variable holding the target's API key (sent in each API's own key header: a bearer token, x-api-key, x-goog-api-key)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: tokentap replay --trace FILE --target URL [flags]\n\nReplays a workload trace open-loop on its timestamps, measured as live traffic is (docs/capture.md#replay).\n\n")
 		fs.PrintDefaults()
@@ -193,7 +193,7 @@ func Main(ctx context.Context, args []string, env Env) error {
 		if key == "" {
 			return &usage.Error{Err: fmt.Errorf("--api-key-env: %s is empty", f.apiKeyEnv)}
 		}
-		opts.Header = http.Header{"Authorization": {"Bearer " + key}}
+		opts.APIKey = key
 	}
 	if env.Open == nil {
 		if _, err := os.Stat(f.trace); err != nil {

@@ -84,8 +84,10 @@ type Options struct {
 	Seed uint64
 	// Timeout bounds one request; 0 means none.
 	Timeout time.Duration
-	// Header is added to every request (an API key); nil adds none.
-	Header http.Header
+	// APIKey is sent with every request in its API's own key header and
+	// scheme (stream.API.KeyHeader: a bearer token, Anthropic's
+	// x-api-key, Gemini's x-goog-api-key); "" sends none. Never logged.
+	APIKey string
 	// SLO and Capacity are the sidecar's declarations (its --config).
 	// An SLO scoped to live traffic judges replayed requests too.
 	SLO      config.SLO
@@ -397,8 +399,11 @@ func (r *Runner) prepare(ctx context.Context, t *tally, c *call, at time.Time) {
 		}})
 	c.hreq, _ = http.NewRequestWithContext(ctx, http.MethodPost, c.path, bytes.NewReader(c.body))
 	c.hreq.Header.Set("Content-Type", "application/json")
-	for k, v := range r.opts.Header {
-		c.hreq.Header[k] = v
+	for _, h := range c.api.ProbeHeaders {
+		c.hreq.Header.Set(h[0], h[1])
+	}
+	if r.opts.APIKey != "" {
+		c.hreq.Header.Set(c.api.KeyHeader(r.opts.APIKey))
 	}
 }
 

@@ -11,18 +11,6 @@ import (
 	"github.com/tokentap/tokentap/workload"
 )
 
-// ignoreEOS is, per API, the request member that makes the engine
-// generate exactly max_tokens tokens rather than stop at its end of
-// sequence (docs/capture.md, "Replay"): vLLM's and SGLang's ignore_eos on
-// the OpenAI routes, llama.cpp's ignore_eos. The other APIs have none
-// (Ollama's options.num_predict, TGI's max_new_tokens, the Responses,
-// Messages and Gemini limits are caps): their answers may be shorter.
-var ignoreEOS = map[string]string{
-	stream.NameChat:               "ignore_eos",
-	stream.NameCompletions:        "ignore_eos",
-	stream.NameLlamaCppCompletion: "ignore_eos",
-}
-
 // call is one replayed request, built before its instant.
 type call struct {
 	req    workload.Request
@@ -91,7 +79,10 @@ func (b *builder) build(req workload.Request) (call, error) {
 		for _, k := range c.api.Request.MaxTokens {
 			deletePath(m, k)
 		}
-	} else if k := ignoreEOS[c.api.Name]; k != "" && b.ignoreEOS {
+	} else if k := c.api.Request.IgnoreEOS; k != "" && b.ignoreEOS {
+		// The API's member that makes the engine generate exactly the
+		// limit (docs/capture.md, "Replay"); an API without one has a
+		// cap, and its answers may be shorter.
 		m[k] = true
 	}
 	var err error
