@@ -310,8 +310,16 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 		}
 	}
 	if c := s.t.opts.Capture; c != nil {
-		if msgs := inputMessages(s.body, c); msgs != "" {
+		var tx stream.Text
+		if a := rec.API.API(); a != nil {
+			tx = a.Request.Text
+		}
+		msgs, system := inputMessages(s.body, tx, c)
+		if msgs != "" {
 			add(attribute.String("gen_ai.input.messages", msgs))
+		}
+		if system != "" {
+			add(attribute.String("gen_ai.system_instructions", system))
 		}
 		if captured != nil {
 			text := c.clean(stream.AnswerTextOf(stream.FormatOfAPI(rec.API), captured, rec.Stream))
@@ -351,45 +359,98 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	s.server.End(trace.WithTimestamp(end))
 }
 
-// inputMessages renders the request's messages (or prompt) in the
-// conventions' gen_ai.input.messages form, redacted and truncated.
-func inputMessages(body []byte, c *ContentCapture) string {
-	var req struct {
-		Messages []struct {
+// part and message are the conventions' message parts and messages
+// (gen_ai.input.messages, gen_ai.system_instructions).
+type part struct {
+	Type    string `json:"type"`
+	Content string `json:"content"`
+}
+
+type message struct {
+	Role  string `json:"role"`
+	Parts []part `json:"parts"`
+}
+
+// inputMessages renders the request's text where its API's description
+// says it lives (stream.Request.Text), redacted and truncated: its
+// conversation and prompts in the conventions' gen_ai.input.messages
+// form, and its system text (a member beside the conversation) as
+// gen_ai.system_instructions' parts; "" for either when the body has
+// none. Roles are kept as the API names them.
+func inputMessages(body []byte, tx stream.Text, c *ContentCapture) (input, system string) {
+	var req map[string]json.RawMessage
+	if len(body) == 0 || json.Unmarshal(body, &req) != nil {
+		return "", ""
+	}
+	var out []message
+	if raw := req[tx.Messages]; tx.Messages != "" && len(raw) > 0 {
+		var msgs []struct {
 			Role    string          `json:"role"`
 			Content json.RawMessage `json:"content"`
-		} `json:"messages"`
-		Prompt json.RawMessage `json:"prompt"` // completions, Ollama generate, llama.cpp
-		Input  json.RawMessage `json:"input"`  // Responses
-		Inputs json.RawMessage `json:"inputs"` // TGI
-	}
-	if len(body) == 0 || json.Unmarshal(body, &req) != nil {
-		return ""
-	}
-	type part struct {
-		Type    string `json:"type"`
-		Content string `json:"content"`
-	}
-	type msg struct {
-		Role  string `json:"role"`
-		Parts []part `json:"parts"`
-	}
-	var out []msg
-	text := func(raw json.RawMessage) string {
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return s
+			Parts   json.RawMessage `json:"parts"`
 		}
-		return string(raw) // structured content: kept as its JSON text
-	}
-	for _, m := range req.Messages {
-		out = append(out, msg{m.Role, []part{{"text", c.clean(text(m.Content))}}})
-	}
-	for _, p := range []json.RawMessage{req.Prompt, req.Input, req.Inputs} {
-		if len(p) > 0 {
-			out = append(out, msg{"user", []part{{"text", c.clean(text(p))}}})
+		json.Unmarshal(raw, &msgs)
+		for _, m := range msgs {
+			content := m.Content
+			if tx.Parts {
+				content = m.Parts
+			}
+			out = append(out, message{m.Role, textParts(content, c)})
 		}
 	}
-	b, _ := json.Marshal(out)
-	return string(b)
+	for _, k := range tx.Prompt {
+		if raw := req[k]; len(raw) > 0 {
+			out = append(out, message{"user", textParts(raw, c)})
+		}
+	}
+	var sys []part
+	for _, k := range tx.System {
+		if raw := req[k]; len(raw) > 0 {
+			sys = append(sys, textParts(raw, c)...)
+		}
+	}
+	if len(out) > 0 {
+		b, _ := json.Marshal(out)
+		input = string(b)
+	}
+	if len(sys) > 0 {
+		b, _ := json.Marshal(sys)
+		system = string(b)
+	}
+	return input, system
+}
+
+// textParts reads content as text parts: a string is one; a list is its
+// elements' parts; an object's "parts" or "text" member is read (a
+// content block, a message with parts); anything else is kept as its
+// JSON text. Each is cleaned.
+func textParts(raw json.RawMessage, c *ContentCapture) []part {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []part{{"text", c.clean(s)}}
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) == nil {
+		var ps []part
+		for _, e := range list {
+			ps = append(ps, textParts(e, c)...)
+		}
+		return ps
+	}
+	var obj struct {
+		Parts json.RawMessage `json:"parts"`
+		Text  *string         `json:"text"`
+	}
+	if json.Unmarshal(raw, &obj) == nil {
+		switch {
+		case len(obj.Parts) > 0:
+			return textParts(obj.Parts, c)
+		case obj.Text != nil:
+			return []part{{"text", c.clean(*obj.Text)}}
+		}
+	}
+	if string(raw) == "null" || len(raw) == 0 {
+		return nil
+	}
+	return []part{{"text", c.clean(string(raw))}} // structured content: kept as its JSON text
 }
