@@ -40,6 +40,7 @@ import (
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/structure"
 	"github.com/tokentap/tokentap/tenant"
 	"github.com/tokentap/tokentap/tracing"
@@ -786,12 +787,13 @@ func flattenJoin(err error) []error {
 }
 
 // DefaultSimProbe is the probe that runs with the built-in simulator when
-// no probe is declared: a shape-controlled request (ignore_eos) whose
-// answer must have exactly max_tokens tokens and finish by length.
+// no probe is declared: a shape-controlled chat request (ignore_eos)
+// whose answer must have exactly max_tokens tokens and finish cut at
+// that limit (the chat API's cut finish reason, "length").
 func DefaultSimProbe() probe.Def {
 	return probe.Def{Name: "sim-canary", Interval: 5 * time.Second, MaxTokens: 8, IgnoreEOS: true,
 		Prompt: "tokentap canary: say eight words.",
-		Expect: probe.Expect{FinishReason: "length", OutputTokensMin: 8, OutputTokensMax: 8}}
+		Expect: probe.Expect{FinishReason: stream.APIChat.Response.Cut[0], OutputTokensMin: 8, OutputTokensMax: 8}}
 }
 
 func randomHex(n int) string {

@@ -1,7 +1,9 @@
 package app
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
@@ -15,6 +17,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // The first run (docs/live.md): with the built-in simulator and no
@@ -103,11 +106,13 @@ func demoLoad(ctx context.Context, addr, model string, rate float64, seed uint64
 		default:
 			continue
 		}
-		body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"tokentap demo load, request %d"}]}`,
-			model, 8+rng.IntN(41), n)
+		// A chat request, as the API's description builds one.
+		path, m := stream.APIChat.Probe(stream.ProbeParams{Model: model, Prompt: fmt.Sprintf("tokentap demo load, request %d", n),
+			MaxTokens: 8 + rng.IntN(41), Stream: true})
+		body, _ := json.Marshal(m)
 		wg.Go(func() {
 			defer func() { <-sem }()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
 			if err != nil {
 				return
 			}

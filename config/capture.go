@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tokentap/tokentap/internal/secret"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Capture is the workload capture section (docs/capture.md): one
@@ -93,8 +94,7 @@ func (c Capture) Validate() []error {
 	if c.SessionHeader != "" && !validHeaderName(c.SessionHeader) {
 		bad("capture.session_header: %q is not a header name", c.SessionHeader)
 	}
-	switch http.CanonicalHeaderKey(c.SessionHeader) {
-	case "Authorization", "Proxy-Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key", "Cookie":
+	if credentialHeader(c.SessionHeader) {
 		bad("capture.session_header: %q carries credentials; name the conversation header instead", c.SessionHeader)
 	}
 	switch c.Meta {
@@ -125,4 +125,22 @@ func validHeaderName(s string) bool {
 		}
 	}
 	return true
+}
+
+// credentialHeader reports whether the header carries credentials: an
+// API key header of some API (stream.API's KeyHeaders), a proxy's
+// credentials or cookies.
+func credentialHeader(name string) bool {
+	name = http.CanonicalHeaderKey(name)
+	if name == "Proxy-Authorization" || name == "Cookie" {
+		return true
+	}
+	for _, a := range stream.APIs() {
+		for _, h := range a.Keys() {
+			if http.CanonicalHeaderKey(h) == name {
+				return true
+			}
+		}
+	}
+	return false
 }
