@@ -65,14 +65,9 @@ const (
 	EngineLlamaCpp = stream.EngineLlamaCpp
 )
 
-// formatOf is the wire format of an API's responses (stream.FormatOfAPI):
-// FormatOpenAI for the pass-through APIs, whose bodies nothing parses.
-func formatOf(api *stream.API) stream.Format {
-	if api.Format == nil {
-		return stream.FormatOpenAI
-	}
-	return api.Format
-}
+// formatOf is the wire format of an API's responses (stream.API's
+// BodyFormat).
+func formatOf(api *stream.API) stream.Format { return api.BodyFormat() }
 
 // injectable reports whether the API has a way to ask the engine for
 // usage in a stream (stream.Request.Usage).

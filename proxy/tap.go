@@ -102,7 +102,7 @@ type tap struct {
 	sawUsage    bool
 	usageOut    int64
 	sawPrompt   bool
-	hdrOut      int64              // TGI's x-generated-tokens header, -1 if absent
+	hdrOut      int64              // an engine header's output count (stream.EngineHeaders: TGI's x-generated-tokens), -1 if absent
 	idTokens    int64              // per-event token counts summed
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
 	perEventAll bool

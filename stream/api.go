@@ -588,10 +588,17 @@ func Classify(path, engine string) *API {
 // panics on a name that is no API: a programming error.
 func FormatOfAPI(api Name) Format {
 	a := api.API()
-	switch {
-	case a == nil:
+	if a == nil {
 		panic(fmt.Sprintf("stream: no API %q", api))
-	case a.Format == nil:
+	}
+	return a.BodyFormat()
+}
+
+// BodyFormat is the format that reads a's response bodies: its Format,
+// or FormatOpenAI for the pass-through APIs, whose bodies nothing
+// parses.
+func (a *API) BodyFormat() Format {
+	if a.Format == nil {
 		return FormatOpenAI
 	}
 	return a.Format
