@@ -1,6 +1,8 @@
 package tracing
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/tokentap/tokentap/stream"
@@ -40,4 +42,35 @@ func TestInputMessagesEveryAPI(t *testing.T) {
 			t.Errorf("%s %s:\n input  %s\n want   %s\n system %s\n want   %s", tc.api.Name, tc.body, in, tc.input, sys, tc.system)
 		}
 	}
+}
+
+// Hostile content: deep nesting is read a few levels deep and kept as
+// JSON text below; whatever the body, both attributes are JSON or "".
+func TestInputMessagesDeepNesting(t *testing.T) {
+	c := &ContentCapture{MaxBytes: 1 << 20}
+	deep := strings.Repeat("[", 5000) + `"x"` + strings.Repeat("]", 5000)
+	in, _ := inputMessages([]byte(`{"prompt":`+deep+`}`), stream.APICompletions.Request.Text, c)
+	var msgs []message
+	if err := json.Unmarshal([]byte(in), &msgs); err != nil || len(msgs) != 1 || len(msgs[0].Parts) != 1 ||
+		!strings.HasPrefix(msgs[0].Parts[0].Content, "[[") {
+		t.Fatalf("deep prompt: %v %.200s", err, in)
+	}
+}
+
+func FuzzInputMessages(f *testing.F) {
+	f.Add(`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"system":"s"}`, 0)
+	f.Add(`{"contents":[{"role":"user","parts":[{"text":"hi"},{"functionCall":{}}]}],"systemInstruction":{"parts":[{"text":"s"}]}}`, 8)
+	f.Add(`{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"instructions":null}`, 2)
+	f.Add(`{"prompt":[[["x"]]],"inputs":{"text":1}}`, 1)
+	apis := stream.APIs()
+	c := &ContentCapture{MaxBytes: 64, Redact: DefaultRedactions()}
+	f.Fuzz(func(t *testing.T, body string, api int) {
+		a := apis[uint(api)%uint(len(apis))]
+		in, sys := inputMessages([]byte(body), a.Request.Text, c)
+		for _, s := range []string{in, sys} {
+			if s != "" && !json.Valid([]byte(s)) {
+				t.Fatalf("%s: not JSON: %q", a.Name, s)
+			}
+		}
+	})
 }

@@ -395,18 +395,18 @@ func inputMessages(body []byte, tx stream.Text, c *ContentCapture) (input, syste
 			if tx.Parts {
 				content = m.Parts
 			}
-			out = append(out, message{m.Role, textParts(content, c)})
+			out = append(out, message{m.Role, textParts(content, c, 0)})
 		}
 	}
 	for _, k := range tx.Prompt {
 		if raw := req[k]; len(raw) > 0 {
-			out = append(out, message{"user", textParts(raw, c)})
+			out = append(out, message{"user", textParts(raw, c, 0)})
 		}
 	}
 	var sys []part
 	for _, k := range tx.System {
 		if raw := req[k]; len(raw) > 0 {
-			sys = append(sys, textParts(raw, c)...)
+			sys = append(sys, textParts(raw, c, 0)...)
 		}
 	}
 	if len(out) > 0 {
@@ -420,20 +420,30 @@ func inputMessages(body []byte, tx stream.Text, c *ContentCapture) (input, syste
 	return input, system
 }
 
+// maxPartDepth bounds how deep textParts looks into nested lists and
+// objects (a block list in a message in a list: 3); deeper content is
+// kept as its JSON text, so that a hostile nesting costs one decode a
+// level for a few levels, not one for each of thousands.
+const maxPartDepth = 4
+
 // textParts reads content as text parts: a string is one; a list is its
 // elements' parts; an object's "parts" or "text" member is read (a
-// content block, a message with parts); anything else is kept as its
-// JSON text. Each is cleaned.
-func textParts(raw json.RawMessage, c *ContentCapture) []part {
+// content block, a message with parts); anything else, or anything
+// nested deeper than maxPartDepth, is kept as its JSON text. Each is
+// cleaned.
+func textParts(raw json.RawMessage, c *ContentCapture, depth int) []part {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		return []part{{"text", c.clean(s)}}
+	}
+	if depth >= maxPartDepth {
+		return []part{{"text", c.clean(string(raw))}}
 	}
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) == nil {
 		var ps []part
 		for _, e := range list {
-			ps = append(ps, textParts(e, c)...)
+			ps = append(ps, textParts(e, c, depth+1)...)
 		}
 		return ps
 	}
@@ -444,7 +454,7 @@ func textParts(raw json.RawMessage, c *ContentCapture) []part {
 	if json.Unmarshal(raw, &obj) == nil {
 		switch {
 		case len(obj.Parts) > 0:
-			return textParts(obj.Parts, c)
+			return textParts(obj.Parts, c, depth+1)
 		case obj.Text != nil:
 			return []part{{"text", c.clean(*obj.Text)}}
 		}
