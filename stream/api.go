@@ -312,8 +312,8 @@ type Request struct {
 	// whose body names none; nil: the body's "model" only.
 	ModelFromPath func(path string) string
 	// Usage says how a client asks for usage in a stream, which the
-	// sidecar may ask for it (the proxy's InjectUsage); nil: the API
-	// reports its counts unasked or not at all.
+	// sidecar may do on the client's behalf (the proxy's InjectUsage);
+	// nil: the API reports its counts unasked or not at all.
 	Usage *UsageOption
 	// IgnoreEOS is the top-level member that, true, makes the engine
 	// generate exactly the output-token limit rather than stop at its
