@@ -67,7 +67,7 @@ func (p *Proxy) refuseLoop(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	now := p.clock.Now()
-	api := classify(r, p.engineKind())
+	api := classify(r, p.engineKind()).Name
 	rec := record.New(0)
 	rec.Arrive, rec.ID, rec.Traffic, rec.API = now, p.nextID(), p.opts.Traffic, api
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // A proxy whose upstream is its own listener: the first pass forwards
@@ -53,7 +54,7 @@ func TestLoopToItselfIs508(t *testing.T) {
 	got := map[string]int{}
 	for _, r := range sink.recs {
 		got[string(r.Outcome)+"/"+r.ErrorType+"/"+http.StatusText(r.HTTPStatus)]++
-		if r.ErrorType == record.ErrLoop && (r.API != record.APIChat || r.Terminal.IsZero()) {
+		if r.ErrorType == record.ErrLoop && (r.API != stream.NameChat || r.Terminal.IsZero()) {
 			t.Errorf("loop record: api %q terminal %v", r.API, r.Terminal)
 		}
 	}
