@@ -367,7 +367,7 @@ func expectCostGroup(t *testing.T, api promAPI, at int64, margin float64, fleet 
 
 // expectKneeGroup returns the knee and its evidence at at: per SLO and
 // load bucket, the pooled offered and qualified counts (by-load counters
-// that a sidecar created with its first request in the bucket), their
+// that every sidecar pre-creates for every bucket), their
 // Wilson lower bound, and the highest bucket with at least 20 requests
 // whose bound meets the target.
 func expectKneeGroup(t *testing.T, api promAPI, at int64, counts map[string]*fleetCounts) map[string]float64 {
@@ -382,16 +382,10 @@ func expectKneeGroup(t *testing.T, api promAPI, at int64, counts map[string]*fle
 		byLoad := func(metric string, want func(inst, load string) float64) map[string]float64 {
 			sum := map[string]float64{}
 			series := api.matrix(fmt.Sprintf(`%s{slo=%q}`, metric, s.name), 24*time.Hour, at)
-			buckets := 0 // the (sidecar, load) pairs of the records
-			for inst := range counts {
-				for load := range bound {
-					if want(inst, load) > 0 {
-						buckets++
-					}
-				}
-			}
-			if len(series) != buckets {
-				t.Errorf("%s{slo=%q}: %d series, the records have %d (sidecar, load bucket) pairs", metric, s.name, len(series), buckets)
+			// Every (sidecar, load bucket) pair: the counters exist from
+			// the start, at 0 where the records have none.
+			if buckets := len(counts) * len(bound); len(series) != buckets {
+				t.Errorf("%s{slo=%q}: %d series, want one per sidecar and load bucket, %d", metric, s.name, len(series), buckets)
 			}
 			for _, m := range series {
 				inst, load := m.labels["instance"], m.labels["load"]
