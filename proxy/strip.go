@@ -187,20 +187,17 @@ func (t *tap) release(upto int64) {
 	t.heldOff = upto
 }
 
-var usageKey = []byte(`"` + stream.UsageMember + `"`)
-
 // frameForStrip sees each complete event before it is forwarded. Only an
 // event that may be the injected usage chunk is parsed here; every other
 // event is queued and parsed after it was forwarded.
 func (t *tap) frameForStrip(ev *stream.Event) {
 	if !t.degraded && ev.HasData {
-		if i := bytes.IndexByte(ev.Data, '\n'); i >= 0 && firstLineJSON(ev.Data[:i]) {
+		if i := bytes.IndexByte(ev.Data, '\n'); i >= 0 && firstLineJSON(t.usage, ev.Data[:i]) {
 			// A second data line after one that carried a JSON object,
 			// all in one read: single-LF framing (scanPending).
 			t.giveUp("single_lf_framing", ev.Start)
-		} else if !ev.Partial && bytes.Contains(ev.Data, usageKey) {
-			var c stream.Chunk
-			stream.ParseOpenAI(ev.Data, &c)
+		} else if !ev.Partial && bytes.Contains(ev.Data, t.usage.ReplyKey()) {
+			c := t.parseStrip(ev.Data)
 			switch {
 			case c.UsageOnly():
 				if from, ok := t.cutFrom(ev); ok {
@@ -210,10 +207,10 @@ func (t *tap) frameForStrip(ev *stream.Event) {
 					}
 					rec := t.st.rec
 					rec.Events++
-					t.apply(&c, t.readAt)
+					t.apply(c, t.readAt)
 					return
 				}
-			case addedUsage(&c), c.Choices > 0 && nullUsage(ev.Data):
+			case addedUsage(c), c.Choices > 0 && nullUsage(t.usage, ev.Data):
 				t.cutUsageMember(ev)
 			}
 		}
@@ -230,7 +227,7 @@ func (t *tap) frameForStrip(ev *stream.Event) {
 // chunk (firstLineJSON's rule: the bytes decide, not the reads).
 func (t *tap) cutFrom(ev *stream.Event) (int64, bool) {
 	first, _, _ := bytes.Cut(ev.Data, []byte{'\n'})
-	if contentPrefix(first) {
+	if contentPrefix(t.usage, first) {
 		return 0, false
 	}
 	if ev.Start >= t.heldOff {
@@ -272,17 +269,19 @@ func commentPrefix(raw []byte, lf, bom bool) int {
 // firstLineJSON reports whether the first data line of an event makes a
 // data line after it single-LF framing (scanPending, rule 2): a whole
 // JSON object, or the beginning of a content chunk (contentPrefix).
-func firstLineJSON(v []byte) bool { return jsonObject(v) || contentPrefix(v) }
+func firstLineJSON(u *stream.UsageOption, v []byte) bool {
+	return jsonObject(v) || contentPrefix(u, v)
+}
 
 // contentPrefix reports whether v, a data line's value, begins a JSON
 // object whose first top-level "choices" member is a non-empty array: a
 // content chunk, never the usage-only chunk (docs/design.md, "Strip
 // mode"). It reads v as scanPending reads it arriving.
-func contentPrefix(v []byte) bool {
+func contentPrefix(u *stream.UsageOption, v []byte) bool {
 	if len(v) == 0 || v[0] != '{' {
 		return false
 	}
-	j := jsonPrefix{key: -1}
+	j := jsonPrefix{u: u, key: -1}
 	j.feed(v, 0, 0, int64(len(v)))
 	return j.choices == choicesSome
 }
@@ -298,8 +297,9 @@ func contentPrefix(v []byte) bool {
 // alone, and the cuts themselves are decided by the parser on the whole
 // event.
 type jsonPrefix struct {
-	on       bool  // following the held event's first data line
-	start    int64 // stream offset of the value's '{'
+	u        *stream.UsageOption // the API's usage request: its Content and Reply members
+	on       bool                // following the held event's first data line
+	start    int64               // stream offset of the value's '{'
 	depth    int
 	str, esc bool
 	key      int64 // offset of the opening quote of the top-level key being read; -1 when none
@@ -322,7 +322,7 @@ const (
 
 // feed reads buf[from-off : to-off] (buf starts at stream offset off and
 // holds the object's bytes from the start of the key being read, and
-// the last len(usageKey)-1 bytes before from).
+// the last len(ReplyKey())-1 bytes before from).
 func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 	for i := from; i < to; i++ {
 		if j.choices == choicesSome {
@@ -339,10 +339,10 @@ func (j *jsonPrefix) feed(buf []byte, off, from, to int64) {
 			case c == '"':
 				j.str = false
 				if j.key >= 0 {
-					switch string(buf[j.key+1-off : i-off]) {
-					case stream.ChoicesMember:
+					switch k := buf[j.key+1-off : i-off]; {
+					case string(k) == j.u.Content:
 						j.member = 'c'
-					case stream.UsageMember:
+					case string(k) == j.u.Reply:
 						j.member = 'u'
 					}
 					j.key = -1
@@ -416,14 +416,15 @@ func (j *jsonPrefix) findUsage(buf []byte, off, from, to int64) {
 	if j.frozen {
 		return
 	}
-	at := max(from-int64(len(usageKey)-1), j.rel, j.start) // a key split across reads
-	if k := bytes.Index(buf[at-off:to-off], usageKey); k >= 0 {
+	key := j.u.ReplyKey()
+	at := max(from-int64(len(key)-1), j.rel, j.start) // a key split across reads
+	if k := bytes.Index(buf[at-off:to-off], key); k >= 0 {
 		j.frozen = true
 		j.valEnd = memberStart(buf, off, at+int64(k), j.rel)
 		j.rel = j.valEnd
 		return
 	}
-	j.rel = memberStart(buf, off, max(to-int64(len(usageKey)-1), j.rel), j.rel)
+	j.rel = memberStart(buf, off, max(to-int64(len(key)-1), j.rel), j.rel)
 }
 
 // memberStart returns where a member whose key begins at k starts for
@@ -595,7 +596,7 @@ func (t *tap) firstData(end int64) {
 	switch line[v] {
 	case '{':
 		start := lineOff + int64(v)
-		ls.js = jsonPrefix{on: true, start: start, key: -1}
+		ls.js = jsonPrefix{u: t.usage, on: true, start: start, key: -1}
 		ls.js.feed(t.held, t.heldOff, start, end)
 	case ' ', '\t':
 	default:
@@ -649,7 +650,7 @@ func (t *tap) scanLine(line []byte) bool {
 	whole := jsonObject(value)
 	content, frozen := false, false
 	if len(value) > 0 && value[0] == '{' {
-		j := jsonPrefix{key: -1}
+		j := jsonPrefix{u: t.usage, key: -1}
 		j.feed(value, 0, 0, int64(len(value)))
 		content, frozen = j.choices == choicesSome, j.frozen
 	}
@@ -658,22 +659,30 @@ func (t *tap) scanLine(line []byte) bool {
 	return false
 }
 
+// parseStrip parses an event's data that strip mode must decide on with
+// the API's parser, into the tap's own chunk (an indirect call would make
+// a local one escape: an allocation per event).
+func (t *tap) parseStrip(data []byte) *stream.Chunk {
+	t.stripChunk = stream.Chunk{}
+	stream.Parse(t.format, data, &t.stripChunk)
+	return &t.stripChunk
+}
+
 // usageChunk reports whether data, as an event's data, is something
 // frameForStrip cuts: the usage chunk, or a usage member on a chunk.
 func (t *tap) usageChunk(data []byte) bool {
-	if !bytes.Contains(data, usageKey) {
+	if !bytes.Contains(data, t.usage.ReplyKey()) {
 		return false
 	}
-	var c stream.Chunk
-	stream.ParseOpenAI(data, &c)
-	return c.UsageOnly() || addedUsage(&c) || (c.Choices > 0 && nullUsage(data))
+	c := t.parseStrip(data)
+	return c.UsageOnly() || addedUsage(c) || (c.Choices > 0 && nullUsage(t.usage, data))
 }
 
 // nullUsage reports whether a chunk's top-level "usage" member is null:
 // what OpenAI's API adds to every chunk once usage is asked for, cut in
 // strip mode (docs/design.md, "Exact token counts ...", Limitations).
-func nullUsage(data []byte) bool {
-	s, e, ok := stream.MemberSpan(data, "usage")
+func nullUsage(u *stream.UsageOption, data []byte) bool {
+	s, e, ok := stream.MemberSpan(data, u.Reply)
 	if !ok {
 		return false
 	}
@@ -714,7 +723,7 @@ func (t *tap) cutUsageMember(ev *stream.Event) {
 	} else {
 		return
 	}
-	s, e, ok := stream.MemberSpan(ev.Data, "usage")
+	s, e, ok := stream.MemberSpan(ev.Data, t.usage.Reply)
 	if !ok || at+int64(s) < t.heldOff {
 		return
 	}

@@ -219,7 +219,7 @@ func FuzzJSONPrefix(f *testing.F) {
 		if len(v) == 0 || v[0] != '{' {
 			return
 		}
-		j := jsonPrefix{key: -1}
+		j := jsonPrefix{u: chatUsage, key: -1}
 		safe := int64(-1)
 		at := int64(0)
 		for i := 0; at < int64(len(v)); i++ {
@@ -234,7 +234,7 @@ func FuzzJSONPrefix(f *testing.F) {
 				safe = s
 			}
 		}
-		if got, want := j.choices == choicesSome, contentPrefix(v); got != want {
+		if got, want := j.choices == choicesSome, contentPrefix(chatUsage, v); got != want {
 			t.Fatalf("%q: content %v in pieces, %v whole", v, got, want)
 		}
 		if safe > int64(len(v)) {

@@ -43,6 +43,10 @@ type tap struct {
 	kind   bodyKind
 	format stream.Format // which adapter reads the payloads
 	strip  bool
+	// usage is the API's usage request (stream.API's Request.Usage),
+	// whose members strip mode looks for; set whenever strip is.
+	usage      *stream.UsageOption
+	stripChunk stream.Chunk // parseStrip's
 
 	framer stream.Framer
 	lines  stream.LineFramer // bodyNDJSON
@@ -122,8 +126,12 @@ type queued struct {
 // for another kind of body it is ignored (the proxy asks for it only on
 // an SSE answer to an injected request).
 func newTap(body io.ReadCloser, st *reqState, kind bodyKind, format stream.Format, strip bool, wholeMax int) *tap {
-	t := &tap{body: body, st: st, kind: kind, format: format, strip: strip && kind == bodySSE, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1},
+	strip = strip && kind == bodySSE && st.info.API != nil && st.info.API.Request.Usage != nil
+	t := &tap{body: body, st: st, kind: kind, format: format, strip: strip, cutLF: -1, gaveUpAt: -1, ls: lineScan{rel: -1},
 		wholeMax: wholeMax, perEventAll: true, hdrOut: -1}
+	if strip {
+		t.usage = st.info.API.Request.Usage
+	}
 	t.onEv = t.event
 	t.onCut = t.frameForStrip
 	t.needModel = st.info.Read != "" && st.rec.Model == ""

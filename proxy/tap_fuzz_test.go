@@ -42,6 +42,10 @@ func (c *chunkReader) Close() error { return nil }
 
 func newTestState() *reqState { return realState(16) }
 
+// chatUsage is the Chat Completions API's usage request, whose members
+// strip mode looks for.
+var chatUsage = stream.APIChat.Request.Usage
+
 // realPipeline is a pipeline with the real Prometheus backend, live and
 // at the end, shared by the tests of this package.
 var realPipeline = sync.OnceValue(func() *pipeline.Pipeline {
@@ -81,7 +85,7 @@ func expectStrippedUntil(in []byte, until int64, passed map[int64]bool) []byte {
 		stream.ParseOpenAI(e.Data, &c)
 		first, _, _ := bytes.Cut(e.Data, []byte("\n"))
 		switch {
-		case c.UsageOnly() && !contentPrefix(first):
+		case c.UsageOnly() && !contentPrefix(chatUsage, first):
 			from := e.Start + int64(commentPrefix(in[e.Start:e.End], false, e.Start == 0))
 			out = append(out, in[last:from]...)
 			last = e.End
@@ -122,7 +126,7 @@ func singleLFAt(in []byte) int64 {
 			return
 		}
 		first, _, multi := bytes.Cut(e.Data, []byte("\n"))
-		if multi && len(first) > 0 && first[0] == '{' && (json.Valid(first) || contentPrefix(first)) {
+		if multi && len(first) > 0 && first[0] == '{' && (json.Valid(first) || contentPrefix(chatUsage, first)) {
 			at = e.Start
 		}
 	}

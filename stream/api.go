@@ -347,6 +347,10 @@ type UsageOption struct {
 	// usage: that of the usage-only chunk, and the one that asking adds
 	// to content chunks (null, or zeros), both cut by strip mode.
 	Reply string
+	// Content is the top-level member whose non-empty array makes a
+	// chunk a content chunk, never the usage-only one: strip mode
+	// forwards such a chunk as it arrives (proxy/strip.go).
+	Content string
 	// replyKey is Reply as a JSON string, for a scan that allocates
 	// nothing (ReplyKey).
 	replyKey []byte
@@ -360,7 +364,8 @@ func (u *UsageOption) ReplyKey() []byte { return u.replyKey }
 // Completions APIs), whose usage chunk carries "usage".
 // Reply is UsageMember, which strip mode reads before a chunk is
 // complete (proxy/strip.go).
-var openAIUsage = &UsageOption{Object: "stream_options", Member: "include_usage", Reply: UsageMember, replyKey: []byte(`"` + UsageMember + `"`)}
+var openAIUsage = &UsageOption{Object: "stream_options", Member: "include_usage", Reply: UsageMember, Content: ChoicesMember,
+	replyKey: []byte(`"` + UsageMember + `"`)}
 
 // Text says where a request body keeps its text, by top-level member.
 // Each member is read when present; a string is one text, structured
