@@ -19,6 +19,7 @@ import (
 	"github.com/tokentap/tokentap/pipeline"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/slo"
+	"github.com/tokentap/tokentap/stream"
 )
 
 // mockGPU is one H100 (go-nvml's mock) drawing 300 W, whose energy
