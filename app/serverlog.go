@@ -91,7 +91,7 @@ func (w *serverLog) Write(p []byte) (int, error) {
 	}
 	w.mu.Unlock()
 	if due {
-		w.e.log.Error("accepting client connections fails; new clients wait (out of descriptors? raise ulimit -n, or lower --max-connections)",
+		w.e.log.Warn("accepting client connections fails; new clients wait (out of descriptors? raise ulimit -n, or lower --max-connections)",
 			"listener", w.listener, "reason", reason, "errors", n, "error", detail)
 	}
 	return len(p), nil

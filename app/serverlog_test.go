@@ -32,7 +32,7 @@ func TestServerErrorsCountAcceptErrors(t *testing.T) {
 		t.Fatalf("counts proxy/emfile %v admin/enfile %v proxy/other %v; want 5, 1, 0", get("proxy", acceptEMFILE), get("admin", acceptENFILE), get("proxy", acceptOther))
 	}
 	count := func(sub string) int { return strings.Count(logs.String(), sub) }
-	if count("level=ERROR msg=\"accepting client connections fails") != 2 || !strings.Contains(logs.String(), "listener=proxy reason=emfile errors=1") ||
+	if count("level=WARN msg=\"accepting client connections fails") != 2 || !strings.Contains(logs.String(), "listener=proxy reason=emfile errors=1") ||
 		!strings.Contains(logs.String(), "listener=admin reason=enfile errors=1") {
 		t.Fatalf("want one error line per listener within 10 s:\n%s", logs.String())
 	}
