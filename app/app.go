@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,9 +40,6 @@ import (
 	"github.com/tokentap/tokentap/simengine"
 	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/stream"
-	"github.com/tokentap/tokentap/structure"
-	"github.com/tokentap/tokentap/tenant"
-	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/upstream"
 )
 
@@ -126,27 +122,25 @@ type Sidecar struct {
 	addrs   Addrs
 	cleanup []func() // run in reverse by Close
 
-	otel    *tracing.Providers
-	metrics *exporter.Metrics
-	up      *upstream.Upstream // health, engine kind, models: every poll of the engine
-	records *record.File
-	capture *capture.Capture // nil when capture.file is not set
-	sampler *gpu.Sampler
-	engine  *engine.Scraper // nil when engine.enabled is off
-	proxy   *proxy.Proxy
-	ends    proxy.Ends // the proxy's end-of-request stages still running
-	// tenants identifies and bounds tenants; nil when tenants are off.
-	tenants *tenant.Resolver
-	// structure checks answers when an SLO requires it; nil otherwise.
-	structure *structure.Checker
-	prober    *probe.Prober
-	nprobes   int
-	proxySrv  *http.Server
-	adminSrv  *http.Server
-	pln, aln  net.Listener
-	egress    *egress.Proxy     // nil when egress.listen is not set
-	peeks     *proxy.PeekBudget // every request-body peek's, the egress proxy's too
-	eln       net.Listener
+	// stages are what the replay builds alike (NewStages): metrics,
+	// OpenTelemetry, tenants, the structure checker, the records file.
+	stages   *Stages
+	metrics  *exporter.Metrics
+	up       *upstream.Upstream // health, engine kind, models: every poll of the engine
+	records  *record.File       // stages.Records
+	capture  *capture.Capture   // nil when capture.file is not set
+	sampler  *gpu.Sampler
+	engine   *engine.Scraper // nil when engine.enabled is off
+	proxy    *proxy.Proxy
+	ends     proxy.Ends // the proxy's end-of-request stages still running
+	prober   *probe.Prober
+	nprobes  int
+	proxySrv *http.Server
+	adminSrv *http.Server
+	pln, aln net.Listener
+	egress   *egress.Proxy     // nil when egress.listen is not set
+	peeks    *proxy.PeekBudget // every request-body peek's, the egress proxy's too
+	eln      net.Listener
 	// synthetic says what the pages flag as made up (applyDemo); "" in
 	// front of a real engine.
 	synthetic string
@@ -167,11 +161,13 @@ func (s *Sidecar) Close() {
 	s.cleanup = nil
 }
 
-// New builds the sidecar from a valid configuration. It constructs the
-// data path from its end back to its start, each stage handed the next:
-// metric backends, upstream, record sinks, energy, tracing, SLO verdict,
-// the pipeline, then the proxy and the probes that feed it, then the
-// listeners. On error, everything built so far is released.
+// New builds the sidecar from a valid configuration, the data path from
+// its end back to its start, each part handed the next: the stages the
+// replay builds alike (NewStages: metrics, spans, tenants, the structure
+// checker, the records file), the upstream, the pipeline (newPipeline),
+// the proxy and its listeners (newProxy), the canary probes that feed the
+// same pipeline (newProber), the admin endpoints (newAdmin). On error,
+// everything built so far is released.
 func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
@@ -186,46 +182,21 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}()
 	log := s.log
 
-	// Metric backends: Prometheus always, OTLP (and traces) when the
-	// OTEL_* environment asks.
+	// The stages every measuring command builds alike (NewStages):
+	// metrics (Prometheus always, OTLP and traces when OTEL_* asks),
+	// tenants, the structure checker, the records sink.
 	judge := slo.NewJudge(cfg.SLO)
-	var sloNames []string
-	for _, o := range judge.Config().Objectives {
-		sloNames = append(sloNames, o.Name)
-	}
-	// Tenants (docs/config.md, tenant): off unless configured.
-	if s.tenants, err = tenant.New(cfg.Tenant); err != nil {
-		fmt.Fprintf(env.Stderr, "sidecar: %v\n", err)
-		return nil, &usage.Error{Err: err}
-	}
-	var tenantNames []string
-	for _, d := range cfg.Tenant.Tenants {
-		tenantNames = append(tenantNames, d.Name)
-	}
-	if s.tenants.Ephemeral() {
-		log.Warn("tenants: no tenant.hash_key_file or hash_key: undeclared tenants are hashed with a random secret of this process; their labels change on restart and differ between replicas")
-	}
-	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: sloNames, Tenants: tenantNames,
-		LoadBuckets: slo.NewLoadBuckets(cfg.Capacity).Labels(), ProviderName: cfg.Tracing.ProviderName}
-	metrics := exporter.New(mcfg)
-	s.otel, err = tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
+	s.stages, err = NewStages(ctx, cfg, cfg.Records, StageEnv{Getenv: env.Getenv, Stdout: env.Stdout, Logger: log})
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "sidecar: OpenTelemetry setup (OTEL_* environment): %v\n", err)
-		return nil, &usage.Error{Err: err}
-	}
-	s.defer_(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.otel.Shutdown(sctx); err != nil { // flushes spans and metrics
-			log.Warn("flushing OpenTelemetry data", "err", err)
+		var ue *usage.Error
+		if errors.As(err, &ue) {
+			fmt.Fprintf(env.Stderr, "sidecar: %v\n", err)
 		}
-	})
-	var otlp *exporter.OTLP
-	if s.otel.Metrics != nil {
-		if otlp, err = exporter.NewOTLP(s.otel.Metrics, mcfg); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
+	s.defer_(s.stages.Close)
+	metrics := s.stages.Metrics
+	s.metrics, s.records = metrics, s.stages.Records
 
 	// The upstream: the engine, or the built-in simulator.
 	s.addrs.Upstream = cfg.Upstream
@@ -235,7 +206,6 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		}
 	}
 	up, _ := url.Parse(s.addrs.Upstream)
-	s.metrics = metrics
 	// This process's pseudonym in the Via header of everything it sends
 	// upstream: a request that comes back with it is a loop, answered
 	// 508 (proxy.Options.Via; docs/config.md, "Loops").
@@ -243,48 +213,40 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.up = upstream.New(upstream.Options{URL: up, HealthPath: cfg.UpstreamHealthPath, Kind: cfg.Engine.Kind, Registry: metrics.Registry,
 		SetUp: metrics.SetUpstreamUp, SetModels: metrics.Models().SetListed, Logger: log, Via: s.via})
 
-	// Record sinks.
-	var sinks []record.Sink
-	// Stdout, a pipe or a FIFO never block the start, SIGHUP or SIGTERM
-	// (docs/records-file.md, "Pipes and stdout").
-	switch cfg.Records {
-	case "":
-	case "-":
-		s.records = record.NewStream(env.Stdout, record.FileOptions{Logger: log})
-	default:
-		if s.records, err = record.OpenFile(cfg.Records, record.FileOptions{Logger: log}); err != nil {
-			return nil, fmt.Errorf("records: %w", err)
-		}
-	}
-	if s.records != nil {
-		s.defer_(func() { s.closeRecords(recordsCloseBound) })
-		exportFileStats(metrics.Registry, s.records)
-		sinks = append(sinks, s.records)
-	}
-
-	// The workload capture (docs/capture.md): off unless capture.file.
-	if err = s.openCapture(metrics.Registry); err != nil {
+	pipe, pg, err := s.newPipeline(ctx, judge)
+	if err != nil {
 		return nil, err
 	}
+	probeSecret := randomHex(16) // marks the canary's requests through the sidecar's own proxy
+	if err = s.newProxy(pipe, up, probeSecret); err != nil {
+		return nil, err
+	}
+	s.newProber(pipe, up, probeSecret)
+	s.newAdmin(pg)
+	return s, nil
+}
+
+// pages are what the admin port shows beside the metrics.
+type pages struct {
+	scorecard *slo.Scorecard
+	live      *live.Page // nil when live.enabled is off
+}
+
+// newPipeline builds the end-of-request pipeline (package pipeline draws
+// its stages): the stages' (NewStages) and the sidecar's own: the
+// workload capture, energy, the engine's signals, the book, the
+// scorecard and the trend, the live page.
+func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.Pipeline, pages, error) {
+	cfg, metrics, log, synthetic := s.cfg, s.metrics, s.log, s.synthetic
+	// The workload capture (docs/capture.md): off unless capture.file.
+	if err := s.openCapture(metrics.Registry); err != nil {
+		return nil, pages{}, err
+	}
+
+	var sinks []record.Sink // the records file is the stages' (Stages.Pipeline)
 
 	// GPU energy: on when NVML works (or when asked), else off, said once.
 	s.sampler = s.openEnergy(ctx, metrics)
-
-	// Tracing.
-	var tracer *tracing.Tracer
-	if s.otel.Traces != nil {
-		topts := tracing.Options{Provider: s.otel.Traces, ProviderName: cfg.Tracing.ProviderName, StallThreshold: judge.Config().StallThreshold}
-		if cfg.Tracing.CaptureContent {
-			c := &tracing.ContentCapture{MaxBytes: cfg.Tracing.MaxContentBytes, Redact: tracing.DefaultRedactions()}
-			for _, r := range cfg.Tracing.Redact {
-				c.Redact = append(c.Redact, regexp.MustCompile(r)) // validated by config
-			}
-			topts.Capture = c
-			log.Warn("content capture is ON: prompts and completions go into spans (redacted, truncated); pre-production use")
-		}
-		tracer = tracing.New(topts)
-		log.Info("tracing on", "keep", cfg.Tracing.Keep)
-	}
 
 	// The engine's own metrics, scraped beside what clients feel
 	// (docs/engine-signals.md); the simulator is labelled as such.
@@ -321,25 +283,22 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}
 	prices := exporter.Prices{Currency: cfg.Cost.Currency, PerHour: cfg.Cost.Hourly(), EnergyPerKWh: cfg.Cost.EnergyPerKWh}
 	metrics.RegisterPrices(prices, time.Now())
-	if s.otel.Metrics != nil {
-		if err = exporter.RegisterOTLPPrices(s.otel.Metrics, prices, time.Now()); err != nil {
-			return nil, err
+	if s.stages.OTel.Metrics != nil {
+		if err := exporter.RegisterOTLPPrices(s.stages.OTel.Metrics, prices, time.Now()); err != nil {
+			return nil, pages{}, err
 		}
 	}
-	pipe := pipeline.New(pipeline.Options{
-		Live: metrics, Models: metrics.Models(), Tenants: s.tenants, Judge: judge, Engine: signals, Energy: s.sampler, Tracer: tracer,
-		Prometheus: metrics, OTLP: otlp, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
+	return pipeline.New(s.stages.Pipeline(pipeline.Options{
+		Judge: judge, Engine: signals, Energy: s.sampler, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
 		Capture: s.capture,
-	})
+	})), pages{scorecard: scorecard, live: livePage}, nil
+}
 
-	// The proxy, and the probes that send canary requests through the
-	// same pipeline.
-	probeSecret := randomHex(16)
-	if cfg.SLO.StructureChecks() { // one checker: one schema cache for every proxy
-		s.structure = &structure.Checker{DefaultDraft: cfg.Structure.DefaultDraft, Limits: structure.Limits{
-			MaxSchemaBytes: cfg.Structure.MaxSchemaBytes, MaxSchemaDepth: cfg.Structure.MaxSchemaDepth,
-			MaxSchemaKeywords: cfg.Structure.MaxSchemaKeywords, MaxCompile: cfg.Structure.MaxCompile}}
-	}
+// newProxy builds the proxy in front of up, its listener (under the
+// connection limit it shares with the egress listener) and, when
+// configured, the egress proxy, and binds the admin listener.
+func (s *Sidecar) newProxy(pipe *pipeline.Pipeline, up *url.URL, probeSecret string) (err error) {
+	cfg, metrics, log := s.cfg, s.metrics, s.log
 	s.peeks = newPeekBudget(cfg.PeekBudget, metrics.Registry) // shared with the egress proxy
 	s.proxy, err = proxy.New(proxy.Options{
 		ProbeHeader:     probeSecret,
@@ -353,15 +312,15 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		BodyReadTimeout: cfg.BodyReadTimeout,
 		BodyMinRate:     cfg.BodyMinRate,
 		Ends:            &s.ends,
-		Structure:       s.proxyStructure(),
-		Tenants:         s.proxyTenants(),
+		Structure:       s.stages.ProxyStructure(),
+		Tenants:         s.stages.ProxyTenants(),
 		Via:             s.via,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if s.pln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
+		return fmt.Errorf("listen: %w", err)
 	}
 	s.defer_(func() { s.pln.Close() })
 	maxConns := cfg.MaxConnections
@@ -374,15 +333,22 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	limit := newConnLimit(maxConns, metrics.Registry, proxyLimitSeries) // shared with the egress listener
 	s.pln = limit.listener(s.pln)
 	if err = s.newEgress(pipe, probeSecret, limit); err != nil {
-		return nil, err
+		return err
 	}
 	if s.aln, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-		return nil, fmt.Errorf("admin_listen: %w", err)
+		return fmt.Errorf("admin_listen: %w", err)
 	}
 	s.defer_(func() { s.aln.Close() })
 	s.aln = newConnLimit(cfg.AdminMaxConnections, metrics.Registry, adminLimitSeries).listener(s.aln)
 	s.addrs.Proxy, s.addrs.Admin = s.pln.Addr().String(), s.aln.Addr().String()
 
+	return nil
+}
+
+// newProber builds the canary prober: its probes send through the same
+// pipeline, the built-in simulator's default one when none is declared.
+func (s *Sidecar) newProber(pipe *pipeline.Pipeline, up *url.URL, probeSecret string) {
+	cfg := s.cfg
 	probes := cfg.Probes
 	if s.addrs.Simulated && len(probes.Probes) == 0 {
 		probes.Probes = []probe.Def{DefaultSimProbe()}
@@ -391,8 +357,13 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	s.nprobes = len(probes.Probes)
 	sidecarURL, _ := url.Parse("http://" + s.addrs.Proxy)
 	s.prober = probe.New(probe.Options{Config: probes, Upstream: up, Sidecar: sidecarURL, ProbeHeader: probeSecret, Via: s.via,
-		Pipeline: pipe, Registry: metrics.Registry, Logger: log, Getenv: env.Getenv, Synthetic: synthetic})
+		Pipeline: pipe, Registry: s.metrics.Registry, Logger: s.log, Getenv: s.env.Getenv, Synthetic: s.synthetic})
 
+}
+
+// newAdmin builds the admin endpoints and both servers.
+func (s *Sidecar) newAdmin(p pages) {
+	cfg, metrics, log, synthetic := s.cfg, s.metrics, s.log, s.synthetic
 	// Admin endpoints.
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{
@@ -401,7 +372,7 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 	}))
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	admin.Handle("GET /readyz", s.up.Readiness(s.prober))
-	admin.Handle("GET /slo", scorecard)
+	admin.Handle("GET /slo", p.scorecard)
 	admin.Handle("GET /probes", s.prober)
 	eps := []endpoint{
 		{"/metrics", "Prometheus metrics (OpenMetrics): docs/metrics.md"},
@@ -410,9 +381,9 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		{"/slo", "SLO attainment and scorecard over this instance's window (?format=json): docs/slo.md"},
 		{"/probes", "the canary probes' last results (?format=json): docs/probe.md"},
 	}
-	if livePage != nil {
-		admin.Handle("GET /live", livePage)
-		admin.Handle("GET /live/", livePage)
+	if p.live != nil {
+		admin.Handle("GET /live", p.live)
+		admin.Handle("GET /live/", p.live)
 		eps = append(eps,
 			endpoint{"/live", "live view: the last requests' token strips, the last 15 minutes, the canary: docs/live.md"},
 			endpoint{"/live/data", "the live view's data (JSON; ?n=, ?since=): docs/live.md"})
@@ -432,25 +403,6 @@ func New(ctx context.Context, cfg config.Config, env Env) (_ *Sidecar, err error
 		MaxHeaderBytes: proxy.MaxHeaderBytes, ErrorLog: serverErrs.logger("proxy")}
 	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: serverErrs.logger("admin")}
-	return s, nil
-}
-
-// proxyTenants is the tenant resolver for the proxies: nil (no
-// interface holding a nil pointer) when tenants are off.
-func (s *Sidecar) proxyTenants() proxy.Tenants {
-	if s.tenants == nil {
-		return nil
-	}
-	return s.tenants
-}
-
-// proxyStructure is the structure checker for the proxies: nil (no
-// interface holding a nil pointer) when no SLO requires the checks.
-func (s *Sidecar) proxyStructure() proxy.Structure {
-	if s.structure == nil {
-		return nil
-	}
-	return s.structure
 }
 
 // startSimulator starts the built-in engine on a loopback port; Close
@@ -675,21 +627,10 @@ wait:
 	return runErr
 }
 
-// recordsCloseBound bounds the records file's close at shutdown: its
-// queue drained into the file, or into a pipe whose reader reads; a
-// reader that does not (or a FIFO with none) costs the exit at most
-// this, and what is left is dropped and counted.
-const recordsCloseBound = 10 * time.Second
-
 // closeRecords drains, fsyncs and closes the records file (once).
 func (s *Sidecar) closeRecords(within time.Duration) {
-	if s.records == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	if err := s.records.Close(ctx); err != nil {
-		s.log.Error("closing the records file", "path", s.cfg.Records, "err", err)
+	if s.records != nil {
+		closeRecords(s.records, s.cfg.Records, s.log, within)
 	}
 }
 
@@ -739,22 +680,6 @@ func (s *Sidecar) closeCapture(within time.Duration) {
 	if err := s.capture.Close(ctx); err != nil {
 		s.log.Error("closing the capture file", "path", s.cfg.Capture.File, "err", err)
 	}
-}
-
-// exportFileStats exports the records file's counters.
-func exportFileStats(reg prometheus.Registerer, f *record.File) {
-	c := func(name, help string, v func(record.FileStats) uint64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v(f.Stats())) })
-	}
-	reg.MustRegister(
-		c("tokentap_records_written_total", "Records written whole to the records file.", func(s record.FileStats) uint64 { return s.Written }),
-		c("tokentap_records_write_errors_total", "Failed writes to the records file (full disk, I/O error), and batches that went, or would have gone, to a deleted file; each is logged, rate-limited, and the partial line removed.", func(s record.FileStats) uint64 { return s.WriteErrors }),
-		c("tokentap_records_dropped_total", "Records not written: their write failed, the in-memory queue was full (a slow disk, or a pipe's reader that stopped reading), the file was deleted (never counted as written), or they came after shutdown.", func(s record.FileStats) uint64 { return s.Dropped }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokentap_records_queued", Help: "Records waiting in memory for the records writer (at most 4096): a full queue drops the next ones."},
-			func() float64 { return float64(f.Stats().Queued) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_records_wait_seconds_total", Help: "Seconds the records writer waited on a pipe, FIFO or stdout: in write(2) to a reader that did not read, and for a FIFO's reader to open it (0 for a regular file)."},
-			func() float64 { return f.Stats().Waited.Seconds() }),
-	)
 }
 
 // newPeekBudget makes the request-body peeks' budget and exports it

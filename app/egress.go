@@ -33,8 +33,8 @@ func (s *Sidecar) newEgress(pipe *pipeline.Pipeline, probeSecret string, limit *
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       cfg.IdleTimeout,
 		ProbeHeader:       probeSecret,
-		Structure:         s.proxyStructure(),
-		Tenants:           s.proxyTenants(),
+		Structure:         s.stages.ProxyStructure(),
+		Tenants:           s.stages.ProxyTenants(),
 		Via:               s.via,
 	})
 	if err != nil {

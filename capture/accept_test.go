@@ -194,7 +194,7 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		canary, err := proxy.New(proxy.Options{Upstream: up, Transport: eng, Pipeline: pipe, Traffic: "canary", Probe: "p1"})
+		canary, err := proxy.New(proxy.Options{Upstream: up, Transport: eng, Pipeline: pipe, Traffic: "canary"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,6 +208,9 @@ func TestCaptureScriptedWorkload(t *testing.T) {
 				defer cancel()
 				time.AfterFunc(25*time.Millisecond, cancel)
 				r = r.WithContext(ctx)
+			}
+			if p == canary { // as the prober sends its probes (proxy.Hook)
+				r = r.WithContext(proxy.WithHook(r.Context(), &proxy.Hook{Probe: "p1"}))
 			}
 			w := httptest.NewRecorder()
 			p.ServeHTTP(w, r)

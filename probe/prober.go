@@ -74,8 +74,13 @@ type Prober struct {
 }
 
 type defState struct {
-	def      Def
-	checker  *checker
+	def     Def
+	checker *checker
+	// px carries the probe's requests: one proxy per target (and engine
+	// kind), shared by the probes that name it; nil if it could not be
+	// built (logged at each run).
+	px       *proxy.Proxy
+	pxErr    error
 	mu       sync.Mutex
 	inflight int
 	fails    int // consecutive failures
@@ -144,8 +149,19 @@ func New(opts Options) *Prober {
 	if opts.Registry != nil {
 		opts.Registry.MustRegister(p.success, p.duration, p.consecutive, p.scheduled, p.results, p.quality, p.notSent, p.lag)
 	}
+	proxies := map[string]*defState{} // target and engine → the first probe with that proxy
 	for _, d := range p.cfg.Probes {
-		p.defs = append(p.defs, &defState{def: d, checker: newChecker(d.Expect)})
+		s := &defState{def: d, checker: newChecker(d.Expect)}
+		target, eng := p.target(&d), stream.LookupAPI(d.API).Engine
+		key := eng + " " + target.String()
+		if o, ok := proxies[key]; ok {
+			s.px, s.pxErr = o.px, o.pxErr
+		} else {
+			s.px, s.pxErr = proxy.New(proxy.Options{Upstream: target, Transport: opts.Transport, Pipeline: opts.Pipeline,
+				InjectUsage: true, Traffic: "canary", Engine: eng, NextID: p.nextID, Via: opts.Via})
+			proxies[key] = s
+		}
+		p.defs = append(p.defs, s)
 		for _, r := range []string{ResultSuccess, ResultFailed, ResultNotSent} {
 			p.results.WithLabelValues(d.Name, r)
 		}
@@ -293,11 +309,9 @@ func (c *capture) Write(b []byte) (int, error) {
 }
 func (c *capture) Flush() {}
 
-// run sends one probe through an in-process proxy: the same tap, record,
-// SLO judge and exporter as live traffic, labelled traffic="canary".
-func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
-	d := &s.def
-	path, body := request(d)
+// target is where d's requests go: the engine, d's own URL, or the
+// sidecar's proxy listener.
+func (p *Prober) target(d *Def) *url.URL {
 	target := p.opts.Upstream
 	if d.URL != "" {
 		target, _ = url.Parse(d.URL) // validated by config
@@ -305,14 +319,23 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	if d.Target == "sidecar" && p.opts.Sidecar != nil {
 		target = p.opts.Sidecar
 	}
-	cw := &capture{h: http.Header{}}
-	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
-	px, err := proxy.New(proxy.Options{Upstream: target, Transport: p.opts.Transport, Pipeline: p.opts.Pipeline, Check: obs.check,
-		InjectUsage: true, Timeout: d.Timeout, Traffic: "canary", Probe: d.Name, Engine: stream.LookupAPI(d.API).Engine, NextID: p.nextID, Via: p.opts.Via})
-	if err != nil {
-		p.log.Error("probe", "probe", d.Name, "err", err)
+	return target
+}
+
+// run sends one probe through its target's in-process proxy (built once,
+// in New): the same tap, record, SLO judge and exporter as live traffic,
+// labelled traffic="canary"; the probe's name, quality check and timeout
+// ride on the request (proxy.Hook).
+func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
+	d := &s.def
+	if s.pxErr != nil {
+		p.log.Error("probe", "probe", d.Name, "err", s.pxErr)
 		return
 	}
+	path, body := request(d)
+	cw := &capture{h: http.Header{}}
+	obs := &observer{p: p, s: s, scheduled: scheduled, cw: cw}
+	ctx = proxy.WithHook(ctx, &proxy.Hook{Probe: d.Name, Check: obs.check, Timeout: d.Timeout})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	a := stream.LookupAPI(d.API)
@@ -330,7 +353,7 @@ func (p *Prober) run(ctx context.Context, s *defState, scheduled time.Time) {
 	}
 	obs.sent = time.Now()
 	p.lag.WithLabelValues(d.Name).Observe(obs.sent.Sub(scheduled).Seconds())
-	px.ServeHTTP(cw, req)
+	s.px.ServeHTTP(cw, req)
 }
 
 func (p *Prober) apiKey(d *Def) string {

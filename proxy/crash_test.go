@@ -238,8 +238,8 @@ func TestEndStagePanicIsCounted(t *testing.T) {
 			if own {
 				ends, msg = &Ends{}, "end of request panicked where=end"
 			}
-			fs, sink, m := judged(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
-				Options{Ends: ends, Logger: slog.New(&logs), Check: func(*record.Record) { panic("check bug") }})
+			fs, sink, m := judgedWith(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
+				Options{Ends: ends, Logger: slog.New(&logs)}, &Hook{Check: func(*record.Record) { panic("check bug") }})
 			resp, body := do(t, fs, "/v1/chat/completions", streamBody)
 			if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 				t.Fatalf("answer %d %q", resp.StatusCode, body)

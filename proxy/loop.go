@@ -62,7 +62,7 @@ const loopLogEvery = 10 * time.Second
 // refuseLoop answers a request that came back to this sidecar with a
 // 508, and records it. It reports false, doing nothing, when r is not a
 // loop.
-func (p *Proxy) refuseLoop(w http.ResponseWriter, r *http.Request) bool {
+func (p *Proxy) refuseLoop(w http.ResponseWriter, r *http.Request, h Hook) bool {
 	if p.opts.Via == "" || !viaNames(r.Header, p.opts.Via) {
 		return false
 	}
@@ -72,8 +72,8 @@ func (p *Proxy) refuseLoop(w http.ResponseWriter, r *http.Request) bool {
 	rec.Arrive, rec.ID, rec.Traffic, rec.API = now, p.nextID(), p.opts.Traffic, api
 	rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 	rec.Tenant = p.tenant(r, api)
-	_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
-		PromptTokens: -1, Check: p.opts.Check})
+	_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api, Traffic: p.opts.Traffic, Probe: h.Probe},
+		PromptTokens: -1, Check: h.Check})
 	const status = http.StatusLoopDetected
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -58,7 +58,8 @@ type Options struct {
 	// MaxParseBytes bounds a non-streaming response body kept for parsing
 	// usage. Zero means 4 MiB. A larger body is forwarded, not parsed.
 	MaxParseBytes int
-	// Timeout bounds a whole request, stream included; when it fires the
+	// Timeout bounds a whole request, stream included (a request's Hook
+	// may set its own); when it fires the
 	// request's outcome is "timeout". A request that switches protocols
 	// (a WebSocket) is bounded only until its 101: the session that
 	// follows is the client's, as long as either side keeps it. Zero
@@ -75,15 +76,10 @@ type Options struct {
 	BodyMinRate int64
 	// Traffic labels the records and metrics. Empty means "live".
 	Traffic string
-	// Probe names the canary probe this proxy carries; "" for live traffic.
-	Probe string
 	// NextID, if set, gives each record its id: the canary prober shares
-	// one sequence across the proxies it builds. Nil: this proxy's random
-	// prefix and sequence number.
+	// one sequence across the proxies it builds (one per target). Nil:
+	// this proxy's random prefix and sequence number.
 	NextID func() string
-	// Check, if set, runs on every finished record first in the
-	// pipeline's end stages (the canary probe's quality check).
-	Check func(*record.Record)
 	// Engine is the engine's kind when it is known in advance (EngineTGI,
 	// EngineLlamaCpp, ...; see SetEngine): two routes mean different
 	// things on different engines (classify). "" means unknown.
@@ -304,6 +300,8 @@ type reqState struct {
 	// not nil, releases the request timeout's.
 	cut    context.CancelCauseFunc
 	cancel context.CancelFunc
+	// hook is the request's Hook over the proxy's options (hook).
+	hook Hook
 	// switchTimer is the timeout of a request that asks to switch
 	// protocols, stopped when the upstream switches; nil otherwise.
 	switchTimer *time.Timer
@@ -342,10 +340,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if p.refuseLoop(w, r) {
+	h := p.hook(r)
+	if p.refuseLoop(w, r, h) {
 		return
 	}
-	st := &reqState{clock: p.clock, arrive: p.clock.Now()}
+	st := &reqState{clock: p.clock, arrive: p.clock.Now(), hook: h}
 	defer p.settle(w, r, st) // also when ReverseProxy panics with http.ErrAbortHandler
 	var out *http.Request
 	onOwnStack(func() {
@@ -470,8 +469,8 @@ func (p *Proxy) stageUnended(r *http.Request, st *reqState) {
 	if st.obs == nil {
 		if v := caught(func() {
 			_, st.obs = p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{
-				Key:          record.Key{API: rec.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
-				PromptTokens: -1, Check: p.opts.Check})
+				Key:          record.Key{API: rec.API, Model: rec.Model, Traffic: p.opts.Traffic, Probe: st.hook.Probe},
+				PromptTokens: -1, Check: st.hook.Check})
 		}); v != nil {
 			p.log.Error("request panicked again", "id", rec.ID, "panic", v)
 			st.staged = true
@@ -556,8 +555,8 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 			rec.Target, rec.TargetRule = p.opts.Target, p.opts.TargetRule
 			st.rec = rec
 			rec.Tenant = p.tenant(r, api.Name)
-			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api.Name, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
-				PromptTokens: -1, Check: p.opts.Check})
+			_, q := p.opts.Pipeline.Begin(r.Context(), rec, pipeline.Start{Key: record.Key{API: api.Name, Traffic: p.opts.Traffic, Probe: st.hook.Probe},
+				PromptTokens: -1, Check: st.hook.Check})
 			rec.Outcome, rec.ErrorType, rec.Terminal = record.Cancelled, record.ErrCancelled, p.clock.Now()
 			// A body that went idle past the bound also ends the request's
 			// context (net/http cancels it on any read error): answer 408.
@@ -605,14 +604,14 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 	rec.Tenant = p.tenant(r, info.API.Name)
 	st.clientCtx, st.body = r.Context(), idle
 	start = pipeline.Start{
-		Key:      record.Key{API: info.API.Name, Model: rec.Model, Traffic: p.opts.Traffic, Probe: p.opts.Probe},
+		Key:      record.Key{API: info.API.Name, Model: rec.Model, Traffic: p.opts.Traffic, Probe: st.hook.Probe},
 		HTTP:     r,
 		Upstream: p.opts.Upstream,
 		Params:   pipeline.Params{MaxTokens: info.MaxTokens, Temperature: info.Temperature, TopP: info.TopP, Seed: info.Seed},
 		// The prompt's size in tokens, estimated from the body (4 bytes a
 		// token) until usage says; only its prefill weight depends on it.
 		PromptTokens: max(r.ContentLength, 0) / 4,
-		Check:        p.opts.Check,
+		Check:        st.hook.Check,
 	}
 	if info.API == stream.APIOther {
 		start.PromptTokens = -1 // not understood: no energy share
@@ -657,15 +656,15 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	switching := upgradeType(r.Header) != ""
 	switch {
-	case p.opts.Timeout > 0 && switching:
+	case st.hook.Timeout > 0 && switching:
 		// Bounded until the 101 (upgrade stops the timer), not for the
 		// session's life; the cause is the deadline's, as below.
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		st.cancel = func() { cancel(nil) }
-		st.switchTimer = time.AfterFunc(p.opts.Timeout, func() { cancel(context.DeadlineExceeded) })
-	case p.opts.Timeout > 0:
-		ctx, st.cancel = context.WithTimeout(ctx, p.opts.Timeout)
+		st.switchTimer = time.AfterFunc(st.hook.Timeout, func() { cancel(context.DeadlineExceeded) })
+	case st.hook.Timeout > 0:
+		ctx, st.cancel = context.WithTimeout(ctx, st.hook.Timeout)
 	}
 	ctx = st.phases.install(ctx, p.clock, switching)
 	ctx, st.cut = context.WithCancelCause(ctx)

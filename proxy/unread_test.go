@@ -26,6 +26,13 @@ import (
 // them.
 func judged(t *testing.T, h http.Handler, opts Options) (*httptest.Server, *collect, *exporter.Metrics) {
 	t.Helper()
+	return judgedWith(t, h, opts, nil)
+}
+
+// judgedWith is judged whose every request carries hk (WithHook), as
+// the in-process senders' do; nil: none.
+func judgedWith(t *testing.T, h http.Handler, opts Options, hk *Hook) (*httptest.Server, *collect, *exporter.Metrics) {
+	t.Helper()
 	us := httptest.NewServer(h)
 	t.Cleanup(us.Close)
 	opts.Upstream, _ = url.Parse(us.URL)
@@ -37,7 +44,11 @@ func judged(t *testing.T, h http.Handler, opts Options) (*httptest.Server, *coll
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := httptest.NewServer(p)
+	var served http.Handler = p
+	if hk != nil {
+		served = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.ServeHTTP(w, r.WithContext(WithHook(r.Context(), hk))) })
+	}
+	fs := httptest.NewServer(served)
 	t.Cleanup(fs.Close)
 	return fs, &sink, m
 }

@@ -18,15 +18,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tokentap/tokentap/app"
 	"github.com/tokentap/tokentap/config"
-	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/internal/safe"
 	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/pipeline"
-	"github.com/tokentap/tokentap/record"
-	"github.com/tokentap/tokentap/slo"
 	"github.com/tokentap/tokentap/stream"
-	"github.com/tokentap/tokentap/tracing"
 	"github.com/tokentap/tokentap/workload"
 )
 
@@ -204,48 +201,24 @@ func Main(ctx context.Context, args []string, env Env) error {
 		return err
 	}
 
-	// The pipeline's stages, as the sidecar wires them (app.New):
-	// metrics, OTLP and spans when OTEL_* asks, the records file.
-	names := []string{}
-	for _, o := range cfg.SLO.Objectives {
-		names = append(names, o.Name)
+	// The pipeline's stages, built as the sidecar builds them
+	// (app.NewStages): metrics, OTLP and spans when OTEL_* asks, the
+	// tenants, the structure checker, the records file.
+	if f.records == "-" {
+		return &usage.Error{Err: errors.New("--records: not stdout, which carries the report; name a file")}
 	}
-	mcfg := exporter.Config{MaxModels: cfg.MaxModels, Models: cfg.Models, SLOs: names, LoadBuckets: slo.NewLoadBuckets(cfg.Capacity).Labels(), ProviderName: cfg.Tracing.ProviderName}
-	metrics := exporter.New(mcfg)
-	otel, err := tracing.Setup(ctx, cfg.Tracing, env.Getenv, metrics.Registry, log)
+	stages, err := app.NewStages(ctx, cfg, f.records, app.StageEnv{Getenv: env.Getenv, Logger: log})
 	if err != nil {
-		return &usage.Error{Err: fmt.Errorf("OpenTelemetry setup (OTEL_* environment): %w", err)}
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := otel.Shutdown(sctx); err != nil {
-			log.Warn("flushing OpenTelemetry data", "err", err)
+		var ue *usage.Error
+		if errors.As(err, &ue) {
+			fmt.Fprintf(env.Stderr, "tokentap replay: %v\n", err)
 		}
-	}()
-	opts.Stages = pipeline.Options{Live: metrics, Models: metrics.Models(), Prometheus: metrics}
-	if otel.Metrics != nil {
-		if opts.Stages.OTLP, err = exporter.NewOTLP(otel.Metrics, mcfg); err != nil {
-			return err
-		}
+		return err
 	}
-	if otel.Traces != nil {
-		opts.Stages.Tracer = tracing.New(tracing.Options{Provider: otel.Traces, ProviderName: cfg.Tracing.ProviderName, StallThreshold: opts.SLO.WithDefaults().StallThreshold})
-	}
-	if f.records != "" {
-		file, err := record.OpenFile(f.records, record.FileOptions{Logger: log})
-		if err != nil {
-			return &usage.Error{Err: fmt.Errorf("--records: %w", err)}
-		}
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := file.Close(cctx); err != nil {
-				log.Error("closing the records file", "path", f.records, "err", err)
-			}
-		}()
-		opts.Stages.Sinks = []record.Sink{file}
-	}
+	defer stages.Close()
+	metrics := stages.Metrics
+	opts.Stages = stages.Pipeline(pipeline.Options{})
+	opts.Tenants, opts.Structure = stages.ProxyTenants(), stages.ProxyStructure()
 	opts.Registry = metrics.Registry
 	if f.adminListen != "" {
 		ln, err := net.Listen("tcp", f.adminListen)

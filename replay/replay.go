@@ -94,10 +94,15 @@ type Options struct {
 	Capacity config.Capacity
 	// Transport carries requests; nil means proxy.NewTransport().
 	Transport http.RoundTripper
-	// Stages are the pipeline's other stages (metrics, spans, sinks),
-	// as app wires them for the sidecar; Judge and Load are the
-	// Runner's own.
+	// Stages are the pipeline's other stages (metrics, spans, tenants,
+	// sinks), as app wires them for the sidecar (app.NewStages); Judge
+	// and Load are the Runner's own.
 	Stages pipeline.Options
+	// Tenants and Structure are the proxy's tenant resolver and answer
+	// checker (proxy.Options), as app wires them for the sidecar; nil:
+	// none.
+	Tenants   proxy.Tenants
+	Structure proxy.Structure
 	// Registry gets the replay's own metrics; nil registers none.
 	Registry prometheus.Registerer
 	// NoSpin sleeps until each instant instead of yielding in a loop
@@ -117,6 +122,10 @@ type Runner struct {
 	index   map[string]int // load bucket label → index
 	idpfx   string
 	seq     atomic.Uint64
+	// proxies carry the requests: one per engine kind the lines' APIs
+	// imply (stream.API.Engine; "" for most), built when first needed,
+	// by prepare alone (the scheduler's goroutine).
+	proxies map[string]proxied
 
 	lag       prometheus.Histogram
 	scheduled prometheus.Counter
@@ -173,7 +182,7 @@ func New(opts Options) *Runner {
 		_, _ = crand.Read(b[:])
 		opts.Seed = binary.LittleEndian.Uint64(b[:])
 	}
-	r := &Runner{opts: opts, api: stream.LookupAPI(opts.API)}
+	r := &Runner{opts: opts, api: stream.LookupAPI(opts.API), proxies: map[string]proxied{}}
 	if r.api == nil || r.api.Probe == nil {
 		r.api = stream.APIChat
 	}
@@ -383,20 +392,40 @@ func (d *discard) WriteHeader(int)             {}
 func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discard) Flush()                      {}
 
-// prepare makes c's proxy and HTTP request before its instant at, so
-// that nothing but the send is left for the instant: an in-process proxy
-// with the same tap, record, SLO verdict, metrics, spans and sinks as
-// live traffic, labelled traffic="replay".
+// proxied is a proxy of the Runner's, or why it could not be built.
+type proxied struct {
+	px  *proxy.Proxy
+	err error
+}
+
+// proxy is the in-process proxy for requests of api, built at its first
+// use: the same tap, record, SLO verdict, metrics, spans and sinks as
+// live traffic, labelled traffic="replay". Called by prepare alone.
+func (r *Runner) proxy(api *stream.API) proxied {
+	if p, ok := r.proxies[api.Engine]; ok {
+		return p
+	}
+	var p proxied
+	p.px, p.err = proxy.New(proxy.Options{Upstream: r.opts.Target, Transport: r.opts.Transport, Pipeline: r.pipe, InjectUsage: true,
+		Timeout: r.opts.Timeout, Traffic: Traffic, Engine: api.Engine, NextID: r.nextID,
+		Tenants: r.opts.Tenants, Structure: r.opts.Structure})
+	r.proxies[api.Engine] = p
+	return p
+}
+
+// prepare makes c's HTTP request before its instant at, so that nothing
+// but the send is left for the instant; its line, schedule and rate ride
+// on it to its record (proxy.Hook).
 func (r *Runner) prepare(ctx context.Context, t *tally, c *call, at time.Time) {
-	id, line, rate := r.nextID(), c.req.Line, t.rate // not c: the scheduler reuses it
+	line, rate := c.req.Line, t.rate // not c: the scheduler reuses it
 	out := &sendState{}
 	c.out = out
-	c.px, out.err = proxy.New(proxy.Options{Upstream: r.opts.Target, Transport: r.opts.Transport, Pipeline: r.pipe, InjectUsage: true,
-		Timeout: r.opts.Timeout, Traffic: Traffic, Engine: c.api.Engine, NextID: func() string { return id },
-		Check: func(x *record.Record) {
-			x.Replay = &record.ReplayInfo{Line: line, Scheduled: at, Rate: rate}
-			out.rec = x
-		}})
+	p := r.proxy(c.api)
+	c.px, out.err = p.px, p.err
+	ctx = proxy.WithHook(ctx, &proxy.Hook{Check: func(x *record.Record) {
+		x.Replay = &record.ReplayInfo{Line: line, Scheduled: at, Rate: rate}
+		out.rec = x
+	}})
 	c.hreq, _ = http.NewRequestWithContext(ctx, http.MethodPost, c.path, bytes.NewReader(c.body))
 	c.hreq.Header.Set("Content-Type", "application/json")
 	for _, h := range c.api.ProbeHeaders {

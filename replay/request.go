@@ -22,8 +22,9 @@ type call struct {
 	// want is the output tokens asked for (max_tokens), -1 when the
 	// line gave no output_length.
 	want int64
-	// px and hreq are the proxy and the request, made before the
-	// instant (Runner.prepare); out is what the send leaves.
+	// px and hreq are the proxy (the Runner's, for the line's API) and
+	// the request, made before the instant (Runner.prepare); out is what
+	// the send leaves.
 	px   *proxy.Proxy
 	hreq *http.Request
 	out  *sendState

@@ -276,7 +276,15 @@ func ParseCollect(f Format, data []byte, c *Chunk, t *Collector) {
 // arguments must match that tool's parameters schema) and whether the
 // output was asked for as JSON (and its schema). The zero value declares
 // nothing: no check applies.
+//
+// Design note: an API's Declares reads the output's declaration at once
+// and leaves the tools for ReadTools, which the check calls after the
+// client's response: a tool's schema may be megabytes (reading a 3.4 MB
+// one took 12 ms), and Declares runs before the request is forwarded.
+// Maybe tells, cheaply, whether anything may be declared (what to
+// collect as the answer streams).
 type Declared struct {
+	// Tools are the declared tools, once ReadTools has read them.
 	Tools []DeclaredTool
 	// JSON: the output was asked for as JSON (OpenAI's response_format
 	// json_object or json_schema, Responses' text.format, Ollama's
@@ -285,6 +293,35 @@ type Declared struct {
 	// Schema is the output's JSON Schema (raw, aliasing the body: an
 	// object or a boolean); nil: any JSON.
 	Schema []byte
+	// tools is the body's tools member, not read yet; read reads it
+	// into Tools (ReadTools), the API's way.
+	tools []byte
+	read  func(d *Declared, tools []byte)
+}
+
+// Maybe reports whether d may declare something a check applies to,
+// without reading the tools: the output asked for as JSON, or a tools
+// member that is a non-empty array.
+func (d *Declared) Maybe() bool {
+	if d.JSON || len(d.Tools) > 0 {
+		return true
+	}
+	t := trimWS(d.tools)
+	if len(t) == 0 || t[0] != '[' {
+		return false
+	}
+	rest := trimWS(t[1:])
+	return len(rest) > 0 && rest[0] != ']'
+}
+
+// ReadTools reads the declared tools into Tools, once; the zero
+// Declared, or one read already, is left as it is.
+func (d *Declared) ReadTools() {
+	if d.tools != nil && d.read != nil {
+		t := d.tools
+		d.tools = nil
+		d.read(d, t)
+	}
 }
 
 // DeclaredTool is one declared tool: its name (unescaped) and its
@@ -295,7 +332,8 @@ type DeclaredTool struct {
 	Schema []byte
 }
 
-// Any reports whether d declares something a check applies to.
+// Any reports whether d declares something a check applies to; its
+// tools count once read (ReadTools).
 func (d *Declared) Any() bool { return len(d.Tools) > 0 || d.JSON }
 
 // MaxDeclaredTools bounds the tools read from one request; past it the
@@ -345,6 +383,33 @@ func str(v []byte) string {
 	return string(appendUnescaped(nil, s))
 }
 
+// The APIs' ways to read their tools (Declared.ReadTools).
+
+// readFunctionTools: Chat Completions' and Ollama's
+// {type: function, function: {name, parameters}}.
+func readFunctionTools(d *Declared, t []byte) {
+	d.addTools(t, []string{"function.name"}, []string{"function.parameters"})
+}
+
+// readResponsesTools: the Responses API's {type: function, name, parameters}.
+func readResponsesTools(d *Declared, t []byte) {
+	d.addTools(t, []string{"name"}, []string{"parameters"})
+}
+
+// readMessagesTools: Anthropic's {name, input_schema}.
+func readMessagesTools(d *Declared, t []byte) {
+	d.addTools(t, []string{"name"}, []string{"input_schema"})
+}
+
+// readGeminiTools: Gemini's [{functionDeclarations: [{name,
+// parametersJsonSchema | parameters}]}].
+func readGeminiTools(d *Declared, t []byte) {
+	eachElement(t, func(t []byte) bool {
+		d.addTools(member(t, "functionDeclarations"), []string{"name"}, []string{"parametersJsonSchema", "parameters"})
+		return true
+	})
+}
+
 // addTools appends to d each element of the array tools, its name and
 // schema at the first present of the member paths names and schemas.
 func (d *Declared) addTools(tools []byte, names, schemas []string) {
@@ -379,7 +444,7 @@ func (d *Declared) addTools(tools []byte, names, schemas []string) {
 // /api/chat takes the same tools (api/types.go, Tool) and its format:
 // "json" or a schema object.
 func declaresOpenAI(m func(string) []byte) (d Declared) {
-	d.addTools(m("tools"), []string{"function.name"}, []string{"function.parameters"})
+	d.tools, d.read = m("tools"), readFunctionTools
 	rf := m("response_format")
 	switch str(member(rf, "type")) {
 	case "json_object":
@@ -396,7 +461,7 @@ func declaresOpenAI(m func(string) []byte) (d Declared) {
 // declaresOllama: /api/chat's tools (as OpenAI's) and format, "json" or
 // a JSON Schema object (ollama api/types.go, ChatRequest.Format).
 func declaresOllama(m func(string) []byte) (d Declared) {
-	d.addTools(m("tools"), []string{"function.name"}, []string{"function.parameters"})
+	d.tools, d.read = m("tools"), readFunctionTools
 	f := trimWS(m("format"))
 	switch {
 	case string(f) == `"json"`:
@@ -412,7 +477,7 @@ func declaresOllama(m func(string) []byte) (d Declared) {
 // ({type: json_schema, schema} or {type: json_object}); openapi.yaml,
 // CreateResponse.
 func declaresResponses(m func(string) []byte) (d Declared) {
-	d.addTools(m("tools"), []string{"name"}, []string{"parameters"})
+	d.tools, d.read = m("tools"), readResponsesTools
 	f := member(m("text"), "format")
 	switch str(member(f, "type")) {
 	case "json_object":
@@ -429,7 +494,7 @@ func declaresResponses(m func(string) []byte) (d Declared) {
 // declaresMessages: Anthropic's tools ({name, input_schema}; the Messages
 // API reference). Anthropic has no JSON output mode in the stable API.
 func declaresMessages(m func(string) []byte) (d Declared) {
-	d.addTools(m("tools"), []string{"name"}, []string{"input_schema"})
+	d.tools, d.read = m("tools"), readMessagesTools
 	return d
 }
 
@@ -441,10 +506,7 @@ func declaresMessages(m func(string) []byte) (d Declared) {
 // not compile as JSON Schema is not validated against (package
 // structure says so).
 func declaresGemini(m func(string) []byte) (d Declared) {
-	eachElement(m("tools"), func(t []byte) bool {
-		d.addTools(member(t, "functionDeclarations"), []string{"name"}, []string{"parametersJsonSchema", "parameters"})
-		return true
-	})
+	d.tools, d.read = m("tools"), readGeminiTools
 	gc := m("generationConfig")
 	if str(member(gc, "responseMimeType")) == "application/json" {
 		d.JSON = true

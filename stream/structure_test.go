@@ -117,6 +117,11 @@ func FuzzDeclared(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		a := declaring[int(which)%len(declaring)]
 		d := a.Request.Declares(func(k string) []byte { return member(body, k) })
+		maybe := d.Maybe()
+		d.ReadTools()
+		if d.Any() && !maybe {
+			t.Fatalf("%s %q: declares %d tools, JSON %v, but Maybe said no", a.Name, body, len(d.Tools), d.JSON)
+		}
 		if len(d.Tools) > MaxDeclaredTools || (d.Schema != nil && (!d.JSON || !isSchema(d.Schema))) {
 			t.Fatalf("%s %q: %d tools, JSON %v schema %q", a.Name, body, len(d.Tools), d.JSON, d.Schema)
 		}
@@ -145,6 +150,7 @@ func TestDeclaredBooleanSchemas(t *testing.T) {
 		for _, b := range []string{"true", "false"} {
 			body := []byte(fmt.Sprintf(c.body, b))
 			d := a.Request.Declares(func(k string) []byte { return member(body, k) })
+			d.ReadTools()
 			if len(d.Tools) != 1 || string(d.Tools[0].Schema) != b || (c.api != NameMessages && string(d.Schema) != b) {
 				t.Errorf("%s, schema %s: tools %+v, output schema %q", c.api, b, d.Tools, d.Schema)
 			}

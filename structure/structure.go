@@ -221,9 +221,10 @@ type compiled struct {
 }
 
 // Collector returns a Collector for a response to a request that
-// declared d, nil when d declares nothing (no check applies).
+// declared d, nil when d cannot declare anything (stream.Declared.Maybe:
+// no check applies). It does not read d's tools; Check does.
 func (k *Checker) Collector(d *stream.Declared) *stream.Collector {
-	if k == nil || d == nil || !d.Any() {
+	if k == nil || d == nil || !d.Maybe() {
 		return nil
 	}
 	max := k.MaxBytes
@@ -414,10 +415,11 @@ var errSlow = slowError{}
 // kin); lost: the tap lost some of the response (an event or a body over
 // its bounds). The checks that fail are named in the order of Checks.
 func (k *Checker) Check(d *stream.Declared, col *stream.Collector, partial, truncated, lost bool) Result {
+	d.ReadTools() // here, after the client's response (stream.Declared)
 	switch {
 	case partial:
 		return Result{Status: Unchecked, Why: WhyPartial}
-	case col == nil:
+	case col == nil || !d.Any(): // nothing declared (a tools array of unnamed tools)
 		return Result{}
 	case col.Over() || lost:
 		return Result{Status: Fail, Failed: []string{TooLarge}}
