@@ -1,0 +1,260 @@
+// Package prefix is the arithmetic of prompt-prefix reuse (docs/measurement.md,
+// "Prefix reuse"): given each request's block ids in arrival order, how many
+// of its leading blocks were seen within a time window before it (the
+// workload's reuse: an upper bound for any prefix cache), and how many an
+// ideal LRU cache of a given size would have held (the bound at that size).
+// The live reuse (package capture) and `sidecar capture stats` count with
+// it, so that the two agree by construction.
+//
+// A block's id stands for the block and every block before it (the
+// capture's chained digests; a trace's hash_ids): equal ids mean an equal
+// prefix. No text is ever seen here.
+package prefix
+
+import (
+	"time"
+)
+
+// Bounds and defaults of Options.
+const (
+	// MaxSizes bounds Options.Sizes: the ideal caches counted at once.
+	MaxSizes = 4
+	// MaxBlocks bounds the blocks of all ideal caches together: each
+	// block held costs about 40 bytes (a map entry and a list slot).
+	MaxBlocks = 1 << 22
+	// DefaultMaxIDs is Options.MaxIDs' zero value.
+	DefaultMaxIDs = 1 << 20
+)
+
+// Options configure a Tracker. The zero value counts no reuse (no window)
+// and no ideal cache.
+type Options struct {
+	// Window is how long a block stays seen: a block is reused when its id
+	// was seen in a request that arrived at most Window before. 0: no
+	// window (every block is new).
+	Window time.Duration
+	// Sizes are the ideal LRU caches counted, in blocks, each above 0; at
+	// most MaxSizes, MaxBlocks together (New panics past them: the caller
+	// validates).
+	Sizes []int
+	// MaxIDs bounds the ids the window remembers; past it the oldest are
+	// forgotten before their window ends (Stats.Evicted counts them: a
+	// reuse then missed is counted new, never invented). 0 means
+	// DefaultMaxIDs.
+	MaxIDs int
+}
+
+// Result is what one request's blocks count.
+type Result struct {
+	// Blocks is the request's blocks: len(ids).
+	Blocks int
+	// Reused is its leading blocks whose id was seen within the window
+	// before it.
+	Reused int
+	// Hits are, per Options.Sizes, its leading blocks the ideal cache of
+	// that size held when it arrived.
+	Hits []int
+}
+
+// Stats are a Tracker's state and counters.
+type Stats struct {
+	// IDs is the ids the window remembers now.
+	IDs int
+	// Evicted counts the ids forgotten because MaxIDs was reached.
+	Evicted uint64
+}
+
+// Tracker counts reuse over requests given in arrival order. It is not
+// safe for concurrent use; the zero value is not usable (New).
+type Tracker struct {
+	o      Options
+	last   time.Time
+	seen   map[uint64]int64 // id → when it was last seen (unix nanoseconds)
+	queue  []sighting       // every sighting, oldest first, from head
+	head   int
+	caches []*lru
+	hits   []int // Result.Hits' backing array, reused
+	evict  uint64
+}
+
+// sighting is one id seen at one instant: the window's queue.
+type sighting struct {
+	id uint64
+	at int64
+}
+
+// New returns a Tracker.
+func New(o Options) *Tracker {
+	if o.MaxIDs <= 0 {
+		o.MaxIDs = DefaultMaxIDs
+	}
+	if len(o.Sizes) > MaxSizes {
+		panic("prefix: too many cache sizes")
+	}
+	t := &Tracker{o: o, seen: map[uint64]int64{}, hits: make([]int, len(o.Sizes))}
+	total := 0
+	for _, s := range o.Sizes {
+		if s <= 0 {
+			panic("prefix: a cache size must be above 0")
+		}
+		total += s
+		t.caches = append(t.caches, newLRU(s))
+	}
+	if total > MaxBlocks {
+		panic("prefix: the caches together are past MaxBlocks")
+	}
+	return t
+}
+
+// Observe counts one request's prompt blocks, ids in prompt order,
+// arriving at at. Requests come in arrival order; one given out of order
+// is taken as arriving with the latest seen. The Result's Hits are valid
+// until the next call.
+func (t *Tracker) Observe(at time.Time, ids []uint64) Result {
+	if at.Before(t.last) {
+		at = t.last
+	}
+	t.last = at
+	now := at.UnixNano()
+	r := Result{Blocks: len(ids), Hits: t.hits}
+	if t.o.Window > 0 {
+		t.expire(now - int64(t.o.Window))
+		// Seen ids are prefix-closed (a request that showed block i
+		// showed every block before it, at the same instant), so the
+		// reused blocks are a leading run.
+		for _, id := range ids {
+			if _, ok := t.seen[id]; !ok {
+				break
+			}
+			r.Reused++
+		}
+		for _, id := range ids {
+			t.see(id, now)
+		}
+	}
+	for i, c := range t.caches {
+		t.hits[i] = c.lookup(ids)
+	}
+	return r
+}
+
+// expire forgets the ids last seen before since.
+func (t *Tracker) expire(since int64) {
+	for t.head < len(t.queue) && t.queue[t.head].at < since {
+		s := t.queue[t.head]
+		t.head++
+		if at, ok := t.seen[s.id]; ok && at == s.at { // not seen again since
+			delete(t.seen, s.id)
+		}
+	}
+	t.compact()
+}
+
+// see records id seen at now, forgetting the oldest ids past MaxIDs.
+func (t *Tracker) see(id uint64, now int64) {
+	t.seen[id] = now
+	t.queue = append(t.queue, sighting{id, now})
+	// The queue holds every sighting in the window, refreshed ids' older
+	// ones too; past twice MaxIDs (or MaxIDs distinct ids) the oldest go.
+	for len(t.seen) > t.o.MaxIDs || len(t.queue)-t.head > 2*t.o.MaxIDs {
+		s := t.queue[t.head]
+		t.head++
+		if at, ok := t.seen[s.id]; ok && at == s.at {
+			delete(t.seen, s.id)
+			t.evict++
+		}
+	}
+}
+
+// compact moves the queue's live part to its start once most of it is
+// spent, so that it does not grow without end.
+func (t *Tracker) compact() {
+	if t.head > 1024 && t.head > len(t.queue)/2 {
+		n := copy(t.queue, t.queue[t.head:])
+		clear(t.queue[n:])
+		t.queue, t.head = t.queue[:n], 0
+	}
+}
+
+// Stats returns the window's size and the ids it forgot for its bound.
+func (t *Tracker) Stats() Stats { return Stats{IDs: len(t.seen), Evicted: t.evict} }
+
+// lru is an ideal LRU cache of blocks: a map from id to a slot of a
+// doubly linked list kept in slices (most recent at the head), so that a
+// block held costs two int32s, an id and a map entry.
+type lru struct {
+	size       int
+	slot       map[uint64]int32
+	ids        []uint64
+	prev, next []int32
+	head, tail int32 // -1: none
+}
+
+func newLRU(size int) *lru {
+	return &lru{size: size, slot: map[uint64]int32{}, head: -1, tail: -1}
+}
+
+// lookup returns how many leading ids the cache holds, then touches every
+// id, the last first: the prefix's head ends the most recent, and a full
+// cache evicts from the least recent (a prefix's tail before its head).
+func (c *lru) lookup(ids []uint64) int {
+	hits := 0
+	for _, id := range ids {
+		if _, ok := c.slot[id]; !ok {
+			break
+		}
+		hits++
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		c.touch(ids[i])
+	}
+	return hits
+}
+
+// touch makes id the most recent, adding it (and evicting the least
+// recent when full) when it is not held.
+func (c *lru) touch(id uint64) {
+	if s, ok := c.slot[id]; ok {
+		c.unlink(s)
+		c.pushFront(s)
+		return
+	}
+	var s int32
+	if len(c.ids) < c.size {
+		s = int32(len(c.ids))
+		c.ids, c.prev, c.next = append(c.ids, id), append(c.prev, -1), append(c.next, -1)
+	} else {
+		s = c.tail
+		c.unlink(s)
+		delete(c.slot, c.ids[s])
+		c.ids[s] = id
+	}
+	c.slot[id] = s
+	c.pushFront(s)
+}
+
+func (c *lru) unlink(s int32) {
+	p, n := c.prev[s], c.next[s]
+	if p >= 0 {
+		c.next[p] = n
+	} else {
+		c.head = n
+	}
+	if n >= 0 {
+		c.prev[n] = p
+	} else {
+		c.tail = p
+	}
+	c.prev[s], c.next[s] = -1, -1
+}
+
+func (c *lru) pushFront(s int32) {
+	c.prev[s], c.next[s] = -1, c.head
+	if c.head >= 0 {
+		c.prev[c.head] = s
+	}
+	c.head = s
+	if c.tail < 0 {
+		c.tail = s
+	}
+}
