@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 	"testing"
@@ -156,4 +157,79 @@ func TestDeclaredBooleanSchemas(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refTools is how the tools were read before the one-pass walk, each
+// path looked up apart (member), kept as the reference the walk must
+// agree with.
+func refTools(tools []byte, names, schemas []string) (out []DeclaredTool) {
+	eachElement(tools, func(t []byte) bool {
+		if len(out) == MaxDeclaredTools {
+			return false
+		}
+		var dt DeclaredTool
+		for _, n := range names {
+			if v := member(t, n); v != nil {
+				dt.Name = str(v)
+				break
+			}
+		}
+		for _, p := range schemas {
+			if v := member(t, p); isSchema(v) {
+				dt.Schema = v
+				break
+			}
+		}
+		if dt.Name != "" {
+			out = append(out, dt)
+		}
+		return true
+	})
+	return out
+}
+
+// FuzzToolsOnePass: the one-pass walk (walkTools, readGeminiTools)
+// reads the same tools as looking each path up apart (refTools), on any
+// bytes: each API's paths, duplicate keys, malformed elements, values
+// that are not objects where a path goes through them.
+func FuzzToolsOnePass(f *testing.F) {
+	for _, s := range []string{
+		`[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`,
+		`[{"function":1,"function":{"name":"f"}},{"function":{"name":"g","name":"h","parameters":true}}]`,
+		`[{"name":"a","input_schema":{},"parameters":false},{"name":"b"} , {"name":`,
+		`[{"functionDeclarations":[{"name":"g","parameters":{"type":"OBJECT"},"parametersJsonSchema":{}}]},{"functionDeclarations":[{"name":"x"}],"functionDeclarations":[{"name":"y"}]}]`,
+		`[{"functionDeclarations":[{"name":"g"}],"x":]`,
+	} {
+		for i := range 4 {
+			f.Add(uint8(i), []byte(s))
+		}
+	}
+	sets := [][2][]string{
+		{{"function.name"}, {"function.parameters"}},
+		{{"name"}, {"parameters"}},
+		{{"name"}, {"input_schema"}},
+	}
+	f.Fuzz(func(t *testing.T, which uint8, tools []byte) {
+		var d Declared
+		var want []DeclaredTool
+		if i := int(which) % 4; i < len(sets) {
+			d.addTools(tools, sets[i][0], sets[i][1])
+			want = refTools(tools, sets[i][0], sets[i][1])
+		} else {
+			readGeminiTools(&d, tools)
+			eachElement(tools, func(e []byte) bool {
+				want = append(want, refTools(member(e, "functionDeclarations"), []string{"name"}, []string{"parametersJsonSchema", "parameters"})...)
+				return len(want) < MaxDeclaredTools
+			})
+			want = want[:min(len(want), MaxDeclaredTools)]
+		}
+		if len(d.Tools) != len(want) {
+			t.Fatalf("%q: %d tools, the reference %d: %+v against %+v", tools, len(d.Tools), len(want), d.Tools, want)
+		}
+		for i := range want {
+			if d.Tools[i].Name != want[i].Name || !bytes.Equal(d.Tools[i].Schema, want[i].Schema) {
+				t.Fatalf("%q: tool %d %+v, the reference %+v", tools, i, d.Tools[i], want[i])
+			}
+		}
+	})
 }
