@@ -11,6 +11,12 @@
 // record.File (rotation, SIGHUP, full disk, counted drops). Lines are
 // written in arrival order: a finished request waits until every request
 // that arrived before it has finished, or until the hold is full.
+//
+// The live reuse (Options.Reuse, docs/capture.md "Live reuse") counts
+// each line's block ids where it is handed to the file, in the same
+// order, with package prefix: the figures `sidecar capture stats` reads
+// from the written trace. With no Path it computes the ids and writes
+// no file.
 package capture
 
 import (
@@ -30,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tokentap/tokentap/prefix"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/workload"
@@ -45,13 +52,18 @@ const (
 	DefaultSettle        = 5 * time.Second
 )
 
-// Options configure a Capture. The zero value of each field but Path and
-// Secret means its default.
+// Options configure a Capture. The zero value of each field but Path,
+// Secret and Reuse means its default.
 type Options struct {
 	// Path is the trace file (appended to; a non-empty file found there
 	// at Open is renamed aside first: a trace's timestamps count from its
-	// own first request).
+	// own first request). Empty: no file (Reuse alone; Open refuses
+	// neither set).
 	Path string
+	// Reuse counts the live reuse of the lines' block ids (prefix.Options:
+	// the window, the ideal caches' sizes, the ids remembered); nil:
+	// none.
+	Reuse *prefix.Options
 	// Secret keys the prompt digests (LoadSecret); at least 32 bytes.
 	Secret []byte
 	// BlockTokens is the tokens per hash id (512, AIPerf's and
@@ -98,6 +110,9 @@ type Stats struct {
 	// TableTurns counts how often a generation of the id table was full
 	// and the older one was forgotten.
 	TableTurns uint64
+	// Reuse is the live reuse's counters; zero when Options.Reuse is
+	// nil.
+	Reuse ReuseStats
 }
 
 // Capture writes the trace. Its methods are safe for concurrent use; a
@@ -113,6 +128,7 @@ type Capture struct {
 	ready    items    // finished requests' lines, by arrival
 	last     int64    // arrival of the last line handed to the file
 	closed   bool
+	reuse    *reuse // nil: Options.Reuse nil
 
 	late  atomic.Uint64
 	turns atomic.Uint64
@@ -122,10 +138,14 @@ type Capture struct {
 	done chan struct{}
 }
 
-// Open starts a capture into o.Path.
+// Open starts a capture into o.Path, counting the live reuse when
+// o.Reuse is set.
 func Open(o Options) (*Capture, error) {
 	if len(o.Secret) < 32 {
 		return nil, errors.New("capture: the secret must be at least 32 bytes")
+	}
+	if o.Path == "" && o.Reuse == nil {
+		return nil, errors.New("capture: neither a file nor the live reuse")
 	}
 	if o.BlockTokens <= 0 {
 		o.BlockTokens = DefaultBlockTokens
@@ -148,23 +168,28 @@ func Open(o Options) (*Capture, error) {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	if err := moveAside(o.Path, o.Clock()); err != nil {
-		return nil, fmt.Errorf("capture: %w", err)
-	}
 	c := &Capture{o: o, stop: make(chan struct{}), done: make(chan struct{})}
+	if o.Reuse != nil {
+		c.reuse = newReuse(*o.Reuse)
+	}
 	seed := newChain(o.Secret, 1)
 	seed.mac.Write([]byte("tokentap capture v1"))
 	var bs [4]byte
 	binary.BigEndian.PutUint32(bs[:], uint32(c.blockBytes()))
 	seed.mac.Write(bs[:])
 	seed.mac.Sum(c.seed[:0])
-	enc := &encoder{maxIDs: o.MaxIDs, meta: !o.NoMeta, turns: &c.turns}
-	enc.reset()
-	f, err := record.OpenFile(o.Path, record.FileOptions{Logger: o.Logger, QueueSize: o.Queue, Clock: o.Clock, Encode: enc.encode})
-	if err != nil {
-		return nil, fmt.Errorf("capture: %w", err)
+	if o.Path != "" {
+		if err := moveAside(o.Path, o.Clock()); err != nil {
+			return nil, fmt.Errorf("capture: %w", err)
+		}
+		enc := &encoder{maxIDs: o.MaxIDs, meta: !o.NoMeta, turns: &c.turns}
+		enc.reset()
+		f, err := record.OpenFile(o.Path, record.FileOptions{Logger: o.Logger, QueueSize: o.Queue, Clock: o.Clock, Encode: enc.encode})
+		if err != nil {
+			return nil, fmt.Errorf("capture: %w", err)
+		}
+		c.file = f
 	}
-	c.file = f
 	go c.settle()
 	return c, nil
 }
@@ -188,7 +213,7 @@ func (c *Capture) blockBytes() int {
 // Reopen reopens the file (SIGHUP after a rotation): the new file's
 // timestamps and ids start again.
 func (c *Capture) Reopen() error {
-	if c == nil {
+	if c == nil || c.file == nil {
 		return nil
 	}
 	return c.file.Reopen()
@@ -210,6 +235,9 @@ func (c *Capture) Close(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	<-c.done
+	if c.file == nil {
+		return nil
+	}
 	return c.file.Close(ctx)
 }
 
@@ -218,9 +246,18 @@ func (c *Capture) Stats() Stats {
 	if c == nil {
 		return Stats{}
 	}
-	fs := c.file.Stats()
-	return Stats{Written: fs.Written, WriteErrors: fs.WriteErrors, FileDropped: fs.Dropped,
+	var fs record.FileStats
+	if c.file != nil {
+		fs = c.file.Stats()
+	}
+	st := Stats{Written: fs.Written, WriteErrors: fs.WriteErrors, FileDropped: fs.Dropped,
 		Late: c.late.Load(), Held: int(c.held.Load()), TableTurns: c.turns.Load()}
+	if c.reuse != nil {
+		c.mu.Lock()
+		st.Reuse = c.reuse.stats()
+		c.mu.Unlock()
+	}
+	return st
 }
 
 // settle writes, while no request ends, the held lines whose Settle has
@@ -337,15 +374,20 @@ func (c *Capture) flush() {
 	c.held.Store(int64(c.ready.Len()))
 }
 
-// emit hands one line to the file, or drops it as late. Called with c.mu
-// held.
+// emit counts one line's reuse and hands it to the file, or drops it as
+// late (neither counted nor written). Called with c.mu held.
 func (c *Capture) emit(it *item) {
 	if it.at < c.last {
 		c.late.Add(1)
 		return
 	}
 	c.last = it.at
-	c.file.WriteItem(it.b)
+	if c.reuse != nil {
+		c.reuse.observe(it.at, it.b)
+	}
+	if c.file != nil {
+		c.file.WriteItem(it.b)
+	}
 }
 
 // line builds the item the encoder turns into the request's line.
@@ -411,7 +453,7 @@ func (c *Capture) line(e *Entry, rec *record.Record, model string) []byte {
 	} else {
 		b = append(b, 0)
 	}
-	if !c.o.NoMeta {
+	if !c.o.NoMeta && c.file != nil {
 		m := meta(rec, model, inFrom, outFrom, from, int64(c.o.BlockTokens))
 		if j, err := json.Marshal(&m); err == nil {
 			b = append(b, j...)
