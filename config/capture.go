@@ -51,10 +51,14 @@ type Capture struct {
 }
 
 // Secret returns the secret file's path: SecretFile, or its default
-// beside File.
+// beside File; "" with neither (the live reuse alone: a secret drawn in
+// memory for the process's life).
 func (c Capture) Secret() string {
 	if c.SecretFile != "" {
 		return c.SecretFile
+	}
+	if c.File == "" {
+		return ""
 	}
 	return filepath.Join(filepath.Dir(c.File), ".tokentap-capture.key")
 }
@@ -65,25 +69,44 @@ func (c *Capture) bind(fs *flag.FlagSet) {
 }
 
 // Validate returns one error per problem.
-func (c Capture) Validate() []error {
+func (c Capture) Validate() []error { return c.validate(false) }
+
+// validate is Validate where the live reuse (reuse:) may be on: without
+// a file, the block ids are then computed still (docs/capture.md, "Live
+// reuse"), and the settings that shape them (secret_file, block_size,
+// bytes_per_token, hold, settle) are read; those of the file alone are
+// refused.
+func (c Capture) validate(reuse bool) []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if c.File == "" {
-		if c != (Capture{}) {
+		ids := Capture{SecretFile: c.SecretFile, BlockSize: c.BlockSize, BytesPerToken: c.BytesPerToken, Hold: c.Hold, Settle: c.Settle}
+		switch {
+		case !reuse && c != (Capture{}):
 			bad("capture: settings given but capture.file (--capture) is empty: the capture is off")
+			return errs
+		case !reuse:
+			return errs
+		case c != ids:
+			bad("capture: session_header, meta, queue and max_ids given but capture.file (--capture) is empty: only the live reuse is on")
 		}
-		return errs
 	}
-	for _, p := range []struct{ name, path string }{{"capture.file", c.File}, {"capture.secret_file", c.Secret()}} {
-		if st, err := os.Stat(filepath.Dir(p.path)); err != nil || !st.IsDir() {
-			bad("%s: directory of %q does not exist", p.name, p.path)
+	paths := []struct{ name, path string }{{"capture.file", c.File}, {"capture.secret_file", c.Secret()}}
+	if c.File == "" {
+		paths = paths[1:]
+	}
+	if c.File != "" || c.SecretFile != "" {
+		for _, p := range paths {
+			if st, err := os.Stat(filepath.Dir(p.path)); err != nil || !st.IsDir() {
+				bad("%s: directory of %q does not exist", p.name, p.path)
+			}
+		}
+		if err := secret.Check(c.Secret()); err != nil {
+			bad("capture.secret_file: %v", err)
 		}
 	}
-	if st, err := os.Stat(c.File); err == nil && !st.Mode().IsRegular() {
+	if st, err := os.Stat(c.File); c.File != "" && err == nil && !st.Mode().IsRegular() {
 		bad("capture.file: %q is not a regular file", c.File)
-	}
-	if err := secret.Check(c.Secret()); err != nil {
-		bad("capture.secret_file: %v", err)
 	}
 	if c.BlockSize < 0 || c.BlockSize > 1<<20 {
 		bad("capture.block_size: must be 1 to %d tokens (0: 512), got %d", 1<<20, c.BlockSize)

@@ -106,6 +106,10 @@ type Config struct {
 	// Capture writes the workload trace (docs/capture.md); off unless
 	// capture.file (--capture) is set.
 	Capture Capture `yaml:"capture"`
+	// Reuse counts the live prefix reuse from the capture's block ids
+	// (docs/capture.md, "Live reuse"); on with the capture, or alone
+	// with reuse.enabled: on.
+	Reuse Reuse `yaml:"reuse"`
 	// Tenant resolves who each request is for (docs/config.md, tenant);
 	// off unless tenant.from is set.
 	Tenant Tenant `yaml:"tenant"`
@@ -494,7 +498,8 @@ func (c *Config) Validate() []error {
 	errs = append(errs, c.Live.Validate()...)
 	errs = append(errs, c.Demo.Validate()...)
 	errs = append(errs, c.Egress.Validate()...)
-	errs = append(errs, c.Capture.Validate()...)
+	errs = append(errs, c.Capture.validate(c.Reuse.On(c.Capture.File != ""))...)
+	errs = append(errs, c.Reuse.Validate(c.Capture.File != "")...)
 	errs = append(errs, c.Tenant.Validate()...)
 	return errs
 }
