@@ -183,6 +183,15 @@ func TestFixturesNormalise(t *testing.T) {
 					t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
 				}
 			}
+			// PrefixHitRatio (the /slo's prefix reuse section) is the
+			// gauge's value, with the engine's metric it comes from.
+			r, eng, from, ok := s.PrefixHitRatio()
+			want, has := c.want["prefix_cache_hit_ratio"]
+			wantFrom := map[string]string{"vllm": "increase(vllm:prefix_cache_hits_total) / increase(vllm:prefix_cache_queries_total)",
+				"sglang": "sglang:cache_hit_rate", "trtllm": "trtllm_kv_cache_hit_rate"}[c.engine]
+			if ok != has || eng != c.engine || (has && (math.Abs(r-want) > 1e-12 || from != wantFrom)) || PrefixSource(Kind(c.engine)) != wantFrom {
+				t.Errorf("PrefixHitRatio = %v %q %q %v, want %v %v from %q", r, eng, from, ok, want, has, wantFrom)
+			}
 			for _, suffix := range c.absent {
 				name, part, _ := strings.Cut(suffix, "/")
 				k := "tokentap_engine_" + name + "{engine=" + c.engine + "}"

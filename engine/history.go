@@ -153,3 +153,39 @@ func (s *Scraper) Waiting() (float64, bool) {
 	w := s.hist.s[len(s.hist.s)-1].waiting
 	return w, !math.IsNaN(w)
 }
+
+// PrefixHitRatio returns the engine's prefix-cache hit ratio as
+// tokentap_engine_prefix_cache_hit_ratio last exported it, the engine's
+// label, and the engine's metric it comes from (PrefixSource); ok is
+// false before the first scrape that had it, or for an engine without
+// one.
+func (s *Scraper) PrefixHitRatio() (ratio float64, engine, from string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snap == nil || s.kind == Unknown || !s.prefix.have {
+		return 0, s.kind.Label(), "", false
+	}
+	return s.prefix.ratio, s.kind.Label(), PrefixSource(s.kind), true
+}
+
+// PrefixSource names the engine's metric its prefix-cache hit ratio
+// comes from (docs/engine-signals.md): a ratio gauge of its own, or
+// (vLLM) its hit and query counters, whose increases over a scrape
+// interval are divided; "" for an engine without one.
+func PrefixSource(k Kind) string {
+	var hits, queries string
+	for _, src := range mappings[k] {
+		switch src.out {
+		case sPrefixHitRatio:
+			return src.from[0]
+		case sPrefixHits:
+			hits = src.from[0]
+		case sPrefixQueries:
+			queries = src.from[0]
+		}
+	}
+	if hits != "" && queries != "" {
+		return "increase(" + hits + ") / increase(" + queries + ")"
+	}
+	return ""
+}
