@@ -117,6 +117,9 @@ type Page struct {
 	// is.
 	Synthetic string   `json:"synthetic,omitempty"`
 	SLOs      []Status `json:"slos"`
+	// PrefixReuse is the live prefix reuse (prefix.go); absent when the
+	// reuse is off.
+	PrefixReuse *PrefixReuse `json:"prefix_reuse,omitempty"`
 }
 
 // Status computes every SLO's status at now.
@@ -169,7 +172,8 @@ var pageHTML = template.Must(template.New("slo").Funcs(template.FuncMap{
 <td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}}</td><td>{{pct .AttainmentLower95}} – {{pct .AttainmentUpper95}}</td>
 <td class="{{.Verdict}}">{{.Verdict}}</td><td>{{num .GoodputRequestsRate}}</td><td>{{num .GoodputTokensRate}}</td>
 <td style="text-align:left">{{range .TopFailures}}{{.Reason}}: {{.Count}} {{end}}</td></tr>{{end}}</table>{{end}}{{end}}
-{{template "scorecards" .}}</body></html>`))
+{{template "scorecards" .}}
+{{template "prefix" .}}</body></html>`))
 
 // minRateSpan is the least span, in seconds, that a rate on /slo is
 // divided by: a handful of requests a few milliseconds apart would

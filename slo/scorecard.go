@@ -88,6 +88,9 @@ type Scorecard struct {
 	windows []*cardWindow // parallel to book.cfg.Objectives
 	// synthetic is shown on /slo (SetSynthetic); "" shows nothing.
 	synthetic string
+	// prefix returns the prefix reuse section (SetPrefixReuse); nil:
+	// none.
+	prefix func(time.Time) *PrefixReuse
 }
 
 // SetSynthetic makes /slo say, as a warning, what on it is made up (the
@@ -146,6 +149,9 @@ func (sc *Scorecard) Page(now time.Time) Page {
 	p := sc.book.Status(now)
 	p.Synthetic = sc.synthetic
 	sc.Fill(&p, now)
+	if sc.prefix != nil {
+		p.PrefixReuse = sc.prefix(now)
+	}
 	return p
 }
 
