@@ -238,7 +238,8 @@ type pages struct {
 // scorecard and the trend, the live page.
 func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.Pipeline, pages, error) {
 	cfg, metrics, log, synthetic := s.cfg, s.metrics, s.log, s.synthetic
-	// The workload capture (docs/capture.md): off unless capture.file.
+	// The workload capture (docs/capture.md): off unless capture.file
+	// or the live reuse.
 	if err := s.openCapture(metrics.Registry); err != nil {
 		return nil, pages{}, err
 	}
@@ -268,6 +269,9 @@ func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.
 	load := slo.NewLoadMeter(slo.NewLoadBuckets(cfg.Capacity))
 	scorecard := slo.NewScorecard(book, load.Buckets(), cfg.Cost, s.sampler != nil, metrics.Registry)
 	scorecard.SetSynthetic(synthetic)
+	if s.capture != nil && cfg.Reuse.On(cfg.Capture.File != "") {
+		scorecard.SetPrefixReuse(s.prefixReuse)
+	}
 	// The live page (docs/live.md): the last finished records, kept as
 	// a sink, and the 15-minute trend, counted beside the scorecard.
 	var waiting func() (float64, bool)
@@ -562,7 +566,7 @@ wait:
 			if s.records != nil {
 				hup.reopened(s.records.Reopen()) // every time; logged at most once a second
 			}
-			if s.capture != nil {
+			if s.capture != nil && cfg.Capture.File != "" {
 				hupCapture.reopened(s.capture.Reopen())
 			}
 		}
@@ -634,23 +638,37 @@ func (s *Sidecar) closeRecords(within time.Duration) {
 	}
 }
 
-// openCapture starts the workload capture when capture.file is set, and
-// exports its counters (docs/metrics.md, "Capture").
+// openCapture starts the workload capture when capture.file is set or
+// the live reuse is on (config.Reuse.On), and exports its counters
+// (docs/metrics.md, "Capture", "Prefix reuse").
 func (s *Sidecar) openCapture(reg prometheus.Registerer) error {
 	c := s.cfg.Capture
-	if c.File == "" {
+	reuse := s.cfg.Reuse.On(c.File != "")
+	if c.File == "" && !reuse {
 		return nil
 	}
-	secret, err := capture.LoadSecret(c.Secret())
+	secret, err := captureSecret(c)
 	if err != nil {
 		return err
 	}
-	s.capture, err = capture.Open(capture.Options{Path: c.File, Secret: secret, BlockTokens: c.BlockSize, BytesPerToken: c.BytesPerToken,
-		SessionHeader: c.SessionHeader, NoMeta: c.Meta == "none", Queue: c.Queue, Hold: c.Hold, MaxIDs: c.MaxIDs, Settle: c.Settle, Logger: s.log})
+	o := capture.Options{Path: c.File, Secret: secret, BlockTokens: c.BlockSize, BytesPerToken: c.BytesPerToken,
+		SessionHeader: c.SessionHeader, NoMeta: c.Meta == "none", Queue: c.Queue, Hold: c.Hold, MaxIDs: c.MaxIDs, Settle: c.Settle, Logger: s.log}
+	if reuse {
+		ro := s.cfg.Reuse.Options()
+		o.Reuse = &ro
+	}
+	s.capture, err = capture.Open(o)
 	if err != nil {
 		return err
 	}
 	s.defer_(func() { s.closeCapture(5 * time.Second) })
+	if reuse {
+		registerReuse(reg, s.capture)
+		s.log.Info("live prefix reuse on", "window", o.Reuse.Window, "cache_blocks", o.Reuse.Sizes, "max_ids", o.Reuse.MaxIDs)
+	}
+	if c.File == "" {
+		return nil
+	}
 	st := func(name, help string, v func(capture.Stats) float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return v(s.capture.Stats()) })
 	}
