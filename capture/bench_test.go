@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokentap/tokentap/capture"
 	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/prefix"
 	"github.com/tokentap/tokentap/proxy"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
@@ -169,6 +170,66 @@ func BenchmarkEnd(b *testing.B) {
 				rec.Arrive = time.Now()
 				c.Track(capture.Request{Arrive: rec.Arrive, API: stream.NameChat, Body: body}).End(rec, "m1")
 			}
+		})
+	}
+}
+
+// BenchmarkReuseCost is the live reuse's cost per request as a ratio to
+// the capture's own (docs/performance.md, "Live reuse"): the capture's
+// work at the end of one request (prompt hashed, line built and handed
+// to the file: a hold of 1 emits the previous line at once), alternately
+// by a capture without the reuse and one with it (window 1 h, caches of
+// 256 and 2048 blocks), each timed on its own; the medians (off-µs,
+// on-µs) and their ratio. Every request's prompt is the one before's
+// but for a number at its end: all its blocks but the last are reused.
+func BenchmarkReuseCost(b *testing.B) {
+	for _, size := range []int{2 << 10, 32 << 10} {
+		b.Run(fmt.Sprintf("prompt=%dKiB", size>>10), func(b *testing.B) {
+			var cs [2]*capture.Capture
+			for k := range cs {
+				o := capture.Options{Path: filepath.Join(b.TempDir(), "c.jsonl"), Secret: bytes.Repeat([]byte{3}, 32), Hold: 1}
+				if k == 1 {
+					o.Reuse = &prefix.Options{Window: time.Hour, Sizes: []int{256, 2048}}
+				}
+				c, err := capture.Open(o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close(context.Background())
+				cs[k] = c
+			}
+			shared := strings.Repeat("be brief. ", size/20)
+			rec := record.New(0)
+			rec.API, rec.Outcome, rec.OutputTokens, rec.TokenSource = stream.NameChat, record.Success, 64, "usage"
+			var took [2][]time.Duration
+			n := 0
+			one := func(k int) {
+				msgs := []map[string]string{{"role": "system", "content": shared}, {"role": "user", "content": fmt.Sprintf("%s %d", strings.Repeat("what now? ", size/20), n)}}
+				body, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs})
+				rec.InputTokens = int64(len(body) / 4)
+				rec.Arrive = time.Now()
+				start := time.Now()
+				cs[k].Track(capture.Request{Arrive: rec.Arrive, API: stream.NameChat, Body: body}).End(rec, "m1")
+				took[k] = append(took[k], time.Since(start))
+			}
+			i := 0
+			for b.Loop() {
+				n++
+				one(i % 2)
+				one(1 - i%2)
+				i++
+			}
+			if st := cs[1].Stats().Reuse; st.Reused == 0 {
+				b.Fatalf("no reuse counted: %+v", st)
+			}
+			med := func(d []time.Duration) float64 {
+				slices.Sort(d)
+				return float64(d[len(d)/2]) / 1e3
+			}
+			off, on := med(took[0]), med(took[1])
+			b.ReportMetric(off, "off-µs")
+			b.ReportMetric(on, "on-µs")
+			b.ReportMetric(on/off, "ratio")
 		})
 	}
 }

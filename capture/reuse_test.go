@@ -2,9 +2,12 @@ package capture
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -265,4 +268,108 @@ func TestReuseObserveAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { at += 1e9; r.observe(at, b) }); a != 0 {
 		t.Errorf("observe allocates %v times", a)
 	}
+}
+
+// lineItem is a line's item (Capture.line's layout) with the given
+// digests, each the 8 bytes of an id and 8 zero bytes.
+func lineItem(ids []uint64) []byte {
+	b := make([]byte, 28, 28+len(ids)*digestBytes+1)
+	binary.LittleEndian.PutUint32(b[24:], uint32(len(ids)))
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint64(b, id)
+		b = append(b, make([]byte, 8)...)
+	}
+	return append(b, 0)
+}
+
+// BenchmarkReuseObserve is the live reuse's cost per request
+// (docs/performance.md, "Live reuse"): one line's ids counted in the
+// window and in the default ideal caches (256 and 2048 blocks), with the
+// mutex of the capture's emit held; prompts of 4, 16 and 64 blocks, each
+// sharing its first half with the requests of its conversation (100
+// conversations in turn) and its second half new.
+func BenchmarkReuseObserve(b *testing.B) {
+	for _, n := range []int{4, 16, 64} {
+		b.Run(fmt.Sprintf("blocks=%d", n), func(b *testing.B) {
+			r := newReuse(prefix.Options{Window: time.Hour, Sizes: []int{256, 2048}})
+			items := make([][]byte, 100)
+			next := uint64(1 << 40)
+			for k := range items {
+				ids := make([]uint64, n)
+				for i := range ids {
+					ids[i] = uint64(k*1000 + i)
+				}
+				items[k] = lineItem(ids)
+			}
+			at := int64(0)
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				it := items[i%len(items)]
+				for j := n / 2; j < n; j++ { // the second half new
+					next++
+					binary.LittleEndian.PutUint64(it[28+j*digestBytes:], next)
+				}
+				at += 10_000_000 // 100 requests/s
+				r.observe(at, it)
+				i++
+			}
+		})
+	}
+}
+
+// BenchmarkReuseMemory fills the window of an hour at 100 requests/s
+// (360,000 requests of 8 blocks: 2 shared by everyone, 6 new) with the
+// defaults (1<<20 ids, caches of 256 and 2048 blocks), past its bound,
+// and reports the heap the reuse holds after a collection and the
+// process's RSS (docs/performance.md, "Live reuse").
+func BenchmarkReuseMemory(b *testing.B) {
+	for b.Loop() {
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		r := newReuse(prefix.Options{Window: time.Hour, Sizes: []int{256, 2048}})
+		ids := make([]uint64, 8)
+		it := lineItem(ids)
+		next := uint64(100)
+		const requests = 3600 * 100
+		for k := range requests {
+			for j := range 8 {
+				id := uint64(j)
+				if j >= 2 {
+					next++
+					id = next
+				}
+				binary.LittleEndian.PutUint64(it[28+j*digestBytes:], id)
+			}
+			r.observe(int64(k)*10_000_000, it)
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		st := r.stats()
+		if st.IDs != prefix.DefaultMaxIDs || st.Forgotten == 0 {
+			b.Fatalf("the window is not at its bound: %+v", st)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "heap-MiB")
+		b.ReportMetric(float64(rss())/(1<<20), "rss-MiB")
+		b.ReportMetric(float64(st.IDs), "ids")
+		runtime.KeepAlive(r)
+	}
+}
+
+// rss is the process's resident set in bytes (Linux), 0 elsewhere.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
 }
