@@ -461,6 +461,25 @@ func engineBoard() board {
 						{expr: hsum("tokentap_stalls_per_request", selM, ""), legend: "stalls/s"},
 					}},
 			}},
+			{title: "Prefix cache", panels: []panel{
+				{title: "Prefix reuse: what the workload allows vs what the engine's cache serves", unit: "percentunit", w: 16, h: 9, min: fp(0), max: fp(1),
+					desc: "The workload's reuse: the share of the live prompts' blocks whose whole prefix the sidecar saw within reuse.window before (tokentap_prefix_blocks_total, outcome reused over all), the most any prefix cache could serve; " +
+						"an ideal LRU cache's share by size in blocks (tokentap_prefix_ideal_cache_blocks_total, hit over all), the most a cache of that size could; " +
+						"and the engine's own prefix-cache hit ratio (tokentap_engine_prefix_cache_hit_ratio: vLLM's hits over queries, SGLang's cache_hit_rate, TensorRT-LLM's kv_cache_hit_rate; docs/engine-signals.md). " +
+						"The engine well below the ideal cache of its size: a cache too small, or evictions; near it: the workload allows no more (docs/capture.md, live reuse; docs/measurement.md §8b).",
+					targets: []target{
+						{expr: `sum by (instance) (rate(tokentap_prefix_blocks_total{outcome="reused", ` + sel + `}[` + ri + `])) / sum by (instance) (rate(tokentap_prefix_blocks_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} workload reuse (window)"},
+						{expr: `sum by (instance, cache_blocks) (rate(tokentap_prefix_ideal_cache_blocks_total{outcome="hit", ` + sel + `}[` + ri + `])) / sum by (instance, cache_blocks) (rate(tokentap_prefix_ideal_cache_blocks_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} ideal LRU cache of {{cache_blocks}} blocks"},
+						{expr: `max by (instance, engine) (tokentap_engine_prefix_cache_hit_ratio{` + sel + `})`, legend: "{{instance}} {{engine}} prefix-cache hit ratio (engine)"},
+					}},
+				{title: "Reuse window: ids held and forgotten", unit: "short", w: 8, h: 9, min: fp(0), rightAxis: "forgotten/s$", rightUnit: "short",
+					desc: "The block ids the reuse window remembers (tokentap_prefix_window_ids, bounded by reuse.max_ids) and, right, those it forgot per second for that bound before their window ended (tokentap_prefix_ids_forgotten_total): " +
+						"reuse they would have shown counts as new, so a steady rate means the reuse above is understated (docs/metrics.md, prefix reuse; docs/capture.md, live reuse).",
+					targets: []target{
+						{expr: `sum by (instance) (tokentap_prefix_window_ids{` + sel + `})`, legend: "{{instance}} ids held"},
+						{expr: `sum by (instance) (rate(tokentap_prefix_ids_forgotten_total{` + sel + `}[` + ri + `]))`, legend: "{{instance}} forgotten/s"},
+					}},
+			}},
 		},
 	}
 }
