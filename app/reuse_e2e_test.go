@@ -81,11 +81,19 @@ func (h *reuseHand) add(messagesJSON string) {
 // sent again) through two sidecars sharing the capture's secret file:
 // each sidecar's live reuse, on /metrics and /slo, equals the test's
 // hand computation over the requests it saw, and its ideal caches at two
-// sizes equal the test's own LRU.
+// sizes equal the test's own LRU; /slo sets the engine's own ratio (its
+// vLLM counters) beside them.
 func TestLiveReuseTwoSidecars(t *testing.T) {
 	// The engine answers without usage: the capture counts the prompt's
 	// tokens from its bytes (4 a token), so the blocks are the hand's.
+	// Its /metrics are vLLM's prefix-cache counters: a quarter of the
+	// queried tokens hit, which /slo sets beside the workload's reuse.
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			io.WriteString(w, "vllm:num_requests_running{model_name=\"m\"} 0\nvllm:prefix_cache_hits_total{model_name=\"m\"} 30\nvllm:prefix_cache_queries_total{model_name=\"m\"} 120\n")
+			return
+		}
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
@@ -97,7 +105,7 @@ func TestLiveReuseTwoSidecars(t *testing.T) {
 		cfg := filepath.Join(dir, name+".yaml")
 		os.WriteFile(cfg, []byte(fmt.Sprintf("capture:\n  file: %s\n  secret_file: %s\n  settle: 50ms\nreuse:\n  cache_blocks: [3, 8]\n",
 			filepath.Join(dir, name+".jsonl"), secret)), 0o644)
-		a, _ := startSidecarEnv(t, engine.URL, nil, "--config", cfg, "--engine", "off")
+		a, _ := startSidecarEnv(t, engine.URL, nil, "--config", cfg)
 		return a
 	}
 	sidecars := []Addrs{start("a"), start("b")}
@@ -174,10 +182,15 @@ func TestLiveReuseTwoSidecars(t *testing.T) {
 			}
 		}
 		t.Logf("sidecar %d: %d requests, %d blocks, %d reused, ideal-cache hits %v at 3 and 8 blocks", k, h.requests, h.blocks, h.reused, h.hits)
+		// The engine's ratio comes with its first scrape.
 		p := sloPage(t, a.Admin).PrefixReuse
+		for deadline := time.Now().Add(10 * time.Second); p != nil && p.Engine == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			p = sloPage(t, a.Admin).PrefixReuse
+		}
 		if p == nil || p.Requests != int64(h.requests) || p.Blocks != int64(h.blocks) || p.Reused != int64(h.reused) || p.Reuse == nil ||
 			*p.Reuse != float64(h.reused)/float64(h.blocks) || len(p.IdealCaches) != 2 || p.IdealCaches[0].Hits != int64(h.hits[0]) ||
-			p.IdealCaches[1].Hits != int64(h.hits[1]) || p.IdealCaches[1].Tokens != 8*512 || p.Engine != nil {
+			p.IdealCaches[1].Hits != int64(h.hits[1]) || p.IdealCaches[1].Tokens != 8*512 || p.Engine == nil || p.Engine.Engine != "vllm" ||
+			p.Engine.HitRatio != 0.25 || p.Engine.From != "increase(vllm:prefix_cache_hits_total) / increase(vllm:prefix_cache_queries_total)" {
 			t.Errorf("sidecar %d: /slo prefix reuse %+v", k, p)
 		}
 	}
