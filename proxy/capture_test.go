@@ -11,16 +11,18 @@ import (
 	"github.com/tokentap/tokentap/capture"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/pipeline"
+	"github.com/tokentap/tokentap/prefix"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 )
 
-// With the workload capture on, a token event still allocates nothing:
-// the capture has no per-event step (it hashes the prompt when the
-// request ends), and that end writes the request's line.
+// With the workload capture and its live reuse on, a token event still
+// allocates nothing: the capture has no per-event step (it hashes the
+// prompt when the request ends), and that end writes the request's line
+// and counts its blocks' reuse.
 func TestTapZeroAllocsPerEventWithCapture(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "capture.jsonl")
-	c, err := capture.Open(capture.Options{Path: path, Secret: bytes.Repeat([]byte{1}, 32)})
+	c, err := capture.Open(capture.Options{Path: path, Secret: bytes.Repeat([]byte{1}, 32), Reuse: &prefix.Options{Window: time.Hour, Sizes: []int{16}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,5 +49,8 @@ func TestTapZeroAllocsPerEventWithCapture(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); !bytes.HasPrefix(b, []byte(`{"timestamp":0,"input_length":4,`)) {
 		t.Errorf("capture line %q", b)
+	}
+	if st := c.Stats().Reuse; st.Requests != 1 || st.Blocks != 1 {
+		t.Errorf("the live reuse counted %+v", st)
 	}
 }
