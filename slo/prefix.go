@@ -24,7 +24,7 @@ type PrefixReuse struct {
 	Blocks   int64    `json:"blocks"`
 	Reused   int64    `json:"reused_blocks"`
 	Reuse    *float64 `json:"reuse"`
-	// IdealCaches are the bounds by size, smallest first.
+	// IdealCaches are the bounds by size, in reuse.cache_blocks order.
 	IdealCaches []IdealCache `json:"ideal_caches"`
 	// IDs is the ids the window remembers; Forgotten those forgotten for
 	// its bound since start (reuse then missed counts as new).
