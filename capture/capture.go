@@ -147,6 +147,11 @@ func Open(o Options) (*Capture, error) {
 	if o.Path == "" && o.Reuse == nil {
 		return nil, errors.New("capture: neither a file nor the live reuse")
 	}
+	if o.Reuse != nil {
+		if err := checkReuse(*o.Reuse); err != nil {
+			return nil, err
+		}
+	}
 	if o.BlockTokens <= 0 {
 		o.BlockTokens = DefaultBlockTokens
 	}

@@ -2,6 +2,7 @@ package capture
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"time"
 
@@ -60,6 +61,24 @@ type reuseSlot struct {
 	start, first int64 // unix nanoseconds; first: the slot's first line
 	used         bool
 	sums         reuseSums
+}
+
+// checkReuse returns an error for options prefix.New would refuse.
+func checkReuse(o prefix.Options) error {
+	if len(o.Sizes) > prefix.MaxSizes {
+		return fmt.Errorf("capture: at most %d ideal cache sizes, got %d", prefix.MaxSizes, len(o.Sizes))
+	}
+	total := 0
+	for _, s := range o.Sizes {
+		if s <= 0 {
+			return fmt.Errorf("capture: an ideal cache size must be above 0, got %d", s)
+		}
+		total += s
+	}
+	if total > prefix.MaxBlocks {
+		return fmt.Errorf("capture: the ideal caches hold at most %d blocks together, got %d", prefix.MaxBlocks, total)
+	}
+	return nil
 }
 
 func newReuse(o prefix.Options) *reuse {

@@ -373,3 +373,16 @@ func rss() int64 {
 	}
 	return 0
 }
+
+// Options prefix.New would refuse are an error of Open, not a panic.
+func TestReuseOptionsRefused(t *testing.T) {
+	for _, o := range []prefix.Options{{Sizes: []int{1, 2, 3, 4, 5}}, {Sizes: []int{0}}, {Sizes: []int{prefix.MaxBlocks, 1}}} {
+		if c, err := Open(Options{Secret: testSecret, Reuse: &o}); err == nil {
+			c.Close(context.Background())
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	if _, err := Open(Options{Secret: testSecret}); err == nil {
+		t.Error("neither a file nor the reuse: no error")
+	}
+}
