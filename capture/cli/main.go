@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tokentap/tokentap/internal/secret"
 	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/workload"
 )
@@ -33,6 +34,8 @@ const usageText = `Usage:
       the captures of many replicas as one trace, in arrival order (stdout by default)
   sidecar capture stats [--json] [--png FILE] [flags] FILE
       prefix reuse within and across replicas, the ideal cache by size, lengths, arrival rate
+  sidecar capture install-key --from FILE --to FILE
+      copies a mounted secret into a 0600 file the sidecar may read (the chart's init step)
 
 docs/capture.md, "Merging replicas" and "Trace statistics".
 `
@@ -54,6 +57,8 @@ func Main(ctx context.Context, args []string, env Env) error {
 		err = mergeMain(ctx, args[1:], env)
 	case "stats":
 		err = statsMain(ctx, args[1:], env)
+	case "install-key":
+		err = installKeyMain(args[1:], env)
 	case "-h", "-help", "--help", "help":
 		io.WriteString(env.Stdout, usageText)
 		return nil
@@ -148,4 +153,27 @@ func mergeMain(ctx context.Context, args []string, env Env) error {
 		err = os.Rename(tmp.Name(), *out)
 	}
 	return err
+}
+
+// installKeyMain copies the fleet's capture secret from a Kubernetes
+// Secret volume (root's file) into a 0600 file of the sidecar's user
+// (secret.Install; docs/capture.md, "Kubernetes").
+func installKeyMain(args []string, env Env) error {
+	fs := flag.NewFlagSet("sidecar capture install-key", flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	from := fs.String("from", "", "the mounted secret file (required)")
+	to := fs.String("to", "", "the file to write, mode 0600 (required)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usage.Error{Err: err}
+	}
+	if *from == "" || *to == "" || fs.NArg() > 0 {
+		return &usage.Error{Err: errors.New("want --from FILE --to FILE and nothing else")}
+	}
+	if err := secret.Install(*from, *to); err != nil {
+		return &usage.Error{Err: err}
+	}
+	return nil
 }

@@ -151,3 +151,20 @@ func TestMergeTableTurns(t *testing.T) {
 		t.Errorf("stats %+v, notes %q, lines %q", st, notes, lines)
 	}
 }
+
+// install-key copies the mounted secret into a 0600 file; a bad source
+// exits 2.
+func TestInstallKey(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "capture.key"), filepath.Join(dir, "copy.key")
+	os.WriteFile(src, []byte(strings.Repeat("s", 64)+"\n"), 0o444)
+	if _, stderr, err := run("install-key", "--from", src, "--to", dst); err != nil {
+		t.Fatalf("%v %s", err, stderr)
+	}
+	if st, err := os.Stat(dst); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("copy: %v %v", st, err)
+	}
+	if _, stderr, err := run("install-key", "--from", filepath.Join(dir, "none"), "--to", dst); usage.ExitCode(err) != 2 || !strings.Contains(stderr, "none") {
+		t.Errorf("missing source: exit %d, %q", usage.ExitCode(err), stderr)
+	}
+}
