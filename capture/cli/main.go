@@ -117,7 +117,7 @@ func mergeMain(ctx context.Context, args []string, env Env) error {
 	}
 	var problems []error
 	if len(files) == 0 {
-		problems = append(problems, errors.New("no trace given: sidecar capture merge [-o FILE] FILE..."))
+		problems = append(problems, errors.New("no trace given (sidecar capture merge [-o FILE] FILE...)"))
 	}
 	if *maxIDs < 1 || *maxIDs > 1<<24 {
 		problems = append(problems, fmt.Errorf("--max-ids: 1 to %d, got %d", 1<<24, *maxIDs))
