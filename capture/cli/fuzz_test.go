@@ -80,3 +80,38 @@ func FuzzMerge(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStats: any trace gives a report or a FILE:LINE error; a report
+// adds up (reused = within + across, at most the blocks; the replicas'
+// requests and the bins' counts are the requests; an ideal cache hits
+// no more than the reuse without a window). Seed corpus:
+// testdata/fuzz/FuzzStats.
+func FuzzStats(f *testing.F) {
+	f.Add([]byte(handTrace), uint8(2))
+	f.Add([]byte(`{"timestamp":0,"input_length":1,"hash_ids":[3,3,3],"tokentap":{"ids":"fleet","replica":"x","start_unix_ms":99,"block_size":1}}`), uint8(1))
+	f.Fuzz(func(t *testing.T, trace []byte, size uint8) {
+		r := workload.NewReader(bytes.NewReader(trace), workload.ReaderOptions{Name: "t", MaxLineBytes: 1 << 16})
+		rep, err := Stats(context.Background(), "t", r, StatsOptions{Sizes: []int{int(size) + 1}})
+		if err != nil {
+			var le *workload.LineError
+			if !errors.As(err, &le) || le.File != "t" {
+				t.Fatalf("error %v names no line", err)
+			}
+			return
+		}
+		u := rep.Reuse
+		if u.Reused != u.Within+u.Across || u.Reused > u.Blocks || u.Within < 0 || u.Across < 0 || rep.IdealCache[0].Hits > u.Reused {
+			t.Fatalf("reuse %+v, cache %+v", u, rep.IdealCache)
+		}
+		var reqs, bins int64
+		for _, p := range rep.Replicas {
+			reqs += p.Requests
+		}
+		for _, c := range rep.Arrivals.Counts {
+			bins += c
+		}
+		if reqs != rep.Requests || bins != rep.Requests || len(rep.Arrivals.Counts) > MaxBins {
+			t.Fatalf("%d requests, replicas %d, bins %d (%d)", rep.Requests, reqs, bins, len(rep.Arrivals.Counts))
+		}
+	})
+}

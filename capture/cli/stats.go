@@ -205,9 +205,12 @@ func Stats(ctx context.Context, name string, r *workload.Reader, o StatsOptions)
 			replicas[name] = rs
 		}
 		if rep.Requests == 0 {
-			first = abs
+			first, last = abs, abs
 		}
-		last = max(last, abs)
+		// An arrival before the latest (a trace mixing lines with and
+		// without start_unix_ms) is taken as the latest, as prefix does.
+		abs = max(abs, last)
+		last = abs
 		rep.Requests++
 		at := time.UnixMilli(abs)
 		ids = ids[:0]
