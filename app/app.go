@@ -652,7 +652,8 @@ func (s *Sidecar) openCapture(reg prometheus.Registerer) error {
 		return err
 	}
 	o := capture.Options{Path: c.File, Secret: secret, BlockTokens: c.BlockSize, BytesPerToken: c.BytesPerToken,
-		SessionHeader: c.SessionHeader, NoMeta: c.Meta == "none", Queue: c.Queue, Hold: c.Hold, MaxIDs: c.MaxIDs, Settle: c.Settle, Logger: s.log}
+		SessionHeader: c.SessionHeader, NoMeta: c.Meta == "none", Queue: c.Queue, Hold: c.Hold, MaxIDs: c.MaxIDs, Settle: c.Settle, Logger: s.log,
+		Fleet: c.IDs == "fleet", Replica: c.ReplicaName(s.env.Getenv, os.Hostname)}
 	if reuse {
 		ro := s.cfg.Reuse.Options()
 		o.Reuse = &ro

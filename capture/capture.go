@@ -2,8 +2,8 @@
 // request, in the Mooncake trace form that AIPerf, GuideLLM, SGLang and
 // vLLM replay (package workload, docs/capture.md). A line holds the
 // request's arrival, its token counts, the ids of its prompt's blocks
-// (keyed digests, renumbered per file: equal leading ids mean a shared
-// prefix) and tokentap's own fields; never text, token ids or keys.
+// (keyed digests, renumbered per file or, with fleet ids, equal across
+// replicas: equal leading ids mean a shared prefix) and tokentap's own fields; never text, token ids or keys.
 //
 // The capture works at the end of a request only, off the token path: it
 // keeps a reference to the request's body (already in memory: the
@@ -78,6 +78,15 @@ type Options struct {
 	// NoMeta writes the Mooncake keys alone, without the "tokentap"
 	// member.
 	NoMeta bool
+	// Fleet writes fleet ids (capture.ids: fleet): each hash id and
+	// session id is fleetID of its digest, equal on every replica whose
+	// capture has the same Secret and block bytes, and each line's
+	// tokentap member says so, with Replica and its file's start, so that
+	// `sidecar capture merge` merges the replicas' files exactly. False:
+	// ids numbered per file. Fleet needs the tokentap member (not NoMeta).
+	Fleet bool
+	// Replica names this sidecar on fleet lines; "" writes "".
+	Replica string
 	// Queue bounds the lines waiting for the file's writer (4096).
 	Queue int
 	// Hold bounds the finished requests waiting for earlier arrivals to
@@ -152,6 +161,9 @@ func Open(o Options) (*Capture, error) {
 			return nil, err
 		}
 	}
+	if o.Fleet && o.NoMeta {
+		return nil, errors.New("capture: fleet ids need the tokentap member (its replica and start)")
+	}
 	if o.BlockTokens <= 0 {
 		o.BlockTokens = DefaultBlockTokens
 	}
@@ -188,6 +200,9 @@ func Open(o Options) (*Capture, error) {
 			return nil, fmt.Errorf("capture: %w", err)
 		}
 		enc := &encoder{maxIDs: o.MaxIDs, meta: !o.NoMeta, turns: &c.turns}
+		if o.Fleet {
+			enc.fleet = fleetMember(o.Replica)
+		}
 		enc.reset()
 		f, err := record.OpenFile(o.Path, record.FileOptions{Logger: o.Logger, QueueSize: o.Queue, Clock: o.Clock, Encode: enc.encode})
 		if err != nil {

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tokentap/tokentap/internal/secret"
 	"github.com/tokentap/tokentap/stream"
@@ -19,7 +21,8 @@ import (
 // field means its default: the secret in .tokentap-capture.key beside
 // the file, 512-token blocks of 4 bytes a token, no session id,
 // tokentap's fields on the line, a queue of 4096 lines, a hold of 16384,
-// 2 × 131072 remembered block ids and a 5 s settle.
+// 2 × 131072 remembered block ids, a 5 s settle and ids numbered per
+// file.
 type Capture struct {
 	// File is the trace file; empty: capture off.
 	File string `yaml:"file"`
@@ -48,6 +51,33 @@ type Capture struct {
 	// Settle is how long a finished request waits, at least, for one
 	// that arrived before it and whose body is still being read.
 	Settle time.Duration `yaml:"settle"`
+	// IDs is "file" (hash ids numbered per file, the default) or "fleet"
+	// (each id the keyed digest's first 53 bits, equal on every replica
+	// with the same secret_file, block_size and bytes_per_token, and each
+	// line names its replica and its file's start: `sidecar capture
+	// merge` joins the replicas' files exactly); empty: file.
+	IDs string `yaml:"ids"`
+	// Replica names this sidecar on fleet lines; empty: the POD_NAME
+	// environment variable, else the host name (ReplicaName).
+	Replica string `yaml:"replica"`
+}
+
+// MaxReplicaBytes bounds capture.replica: it is written on every line.
+const MaxReplicaBytes = 253
+
+// ReplicaName returns the replica's name: Replica, else getenv's
+// POD_NAME, else hostname's answer, else "".
+func (c Capture) ReplicaName(getenv func(string) string, hostname func() (string, error)) string {
+	if c.Replica != "" {
+		return c.Replica
+	}
+	if p := getenv("POD_NAME"); p != "" && len(p) <= MaxReplicaBytes {
+		return p
+	}
+	if h, err := hostname(); err == nil && len(h) <= MaxReplicaBytes {
+		return h
+	}
+	return ""
 }
 
 // Secret returns the secret file's path: SecretFile, or its default
@@ -66,6 +96,8 @@ func (c Capture) Secret() string {
 func (c *Capture) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.File, "capture", c.File, "workload capture: write one Mooncake trace line per finished live request to this file (empty: off; docs/capture.md)")
 	fs.StringVar(&c.SessionHeader, "capture.session-header", c.SessionHeader, "workload capture: request header naming the conversation (empty: no session_id)")
+	fs.StringVar(&c.SecretFile, "capture.secret-file", c.SecretFile, "workload capture: the prompt digests' secret file, 0600 (empty: .tokentap-capture.key beside the capture)")
+	fs.StringVar(&c.IDs, "capture.ids", c.IDs, "workload capture: file (hash ids numbered per file) or fleet (equal across the replicas sharing the secret file; docs/capture.md) (empty: file)")
 }
 
 // Validate returns one error per problem.
@@ -133,6 +165,21 @@ func (c Capture) validate(reuse bool) []error {
 	}
 	if c.Settle < 0 || c.Settle > 10*time.Minute {
 		bad("capture.settle: must be 0 to 10m, got %v", c.Settle)
+	}
+	switch c.IDs {
+	case "", "file":
+		if c.Replica != "" {
+			bad("capture.replica: given but capture.ids is not fleet: only fleet lines name their replica")
+		}
+	case "fleet":
+		if c.Meta == "none" {
+			bad("capture.ids: fleet needs capture.meta inline (each line's replica and start travel in its tokentap member)")
+		}
+	default:
+		bad("capture.ids: must be file or fleet, got %q", c.IDs)
+	}
+	if len(c.Replica) > MaxReplicaBytes || strings.IndexFunc(c.Replica, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) >= 0 {
+		bad("capture.replica: at most %d bytes of printable UTF-8, got %q", MaxReplicaBytes, c.Replica)
 	}
 	return errs
 }

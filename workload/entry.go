@@ -21,6 +21,9 @@ type Entry struct {
 	// SessionID names the conversation the request belongs to; "" when
 	// none was identified.
 	SessionID string `json:"session_id,omitempty"`
+	// Replica names the replica that served the request, on the lines of
+	// a merged trace (`sidecar capture merge`); "" elsewhere.
+	Replica string `json:"replica,omitempty"`
 	// Tokentap holds tokentap's own fields when they travel on the same
 	// line; nil when the line has none (a public trace), or when they
 	// are in the side file (docs/capture.md says which form is written).
@@ -66,4 +69,14 @@ type Meta struct {
 	// BlockSize is the tokens per hash id the capture used; 0 when the
 	// line does not say.
 	BlockSize int64 `json:"block_size,omitempty"`
+	// IDs is "fleet" when hash_ids and session_id are fleet ids (equal
+	// across the replicas that share the capture's secret:
+	// capture.ids: fleet); "" when they are numbered per file.
+	IDs string `json:"ids,omitempty"`
+	// Replica names the sidecar that wrote the line (capture.replica), and
+	// StartUnixMs is its file's start, in whole milliseconds since the Unix
+	// epoch: the request arrived at StartUnixMs + timestamp. Both are
+	// written with fleet ids only; "" and 0 otherwise.
+	Replica     string `json:"replica,omitempty"`
+	StartUnixMs int64  `json:"start_unix_ms,omitempty"`
 }

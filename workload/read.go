@@ -184,6 +184,7 @@ type line struct {
 	OutputLength *int64          `json:"output_length"`
 	HashIDs      []int64         `json:"hash_ids"`
 	SessionID    json.RawMessage `json:"session_id"`
+	Replica      string          `json:"replica"`
 	TextInput    *string         `json:"text_input"`
 	Text         *string         `json:"text"`
 	Tokentap     *Meta           `json:"tokentap"`
@@ -281,6 +282,7 @@ func (r *Reader) parse(b []byte) (Request, error) {
 		}
 		req.SessionID = s
 	}
+	req.Replica = l.Replica
 	req.Tokentap = l.Tokentap
 	return req, nil
 }

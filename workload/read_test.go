@@ -113,6 +113,7 @@ func TestReadErrors(t *testing.T) {
 func FuzzReader(f *testing.F) {
 	f.Add([]byte("{\"timestamp\":0,\"input_length\":655,\"output_length\":52,\"hash_ids\":[46,47]}\n"), []byte(""))
 	f.Add([]byte("{\"timestamp\":1.5,\"text_input\":\"hi\",\"session_id\":3}\n{\"timestamp\":1}"), []byte("{\"line\":1,\"api\":\"chat\"}\n"))
+	f.Add([]byte("{\"timestamp\":0,\"input_length\":512,\"hash_ids\":[9007199254740991],\"replica\":\"pod-a\",\"tokentap\":{\"ids\":\"fleet\",\"replica\":\"pod-a\",\"start_unix_ms\":1765000000000,\"api\":\"chat\"}}\n{\"timestamp\":2,\"replica\":7}\n"), []byte(""))
 	f.Fuzz(func(t *testing.T, trace, side []byte) {
 		opts := ReaderOptions{MaxLineBytes: 512}
 		if len(side) > 0 {

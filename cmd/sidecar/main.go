@@ -2,7 +2,8 @@
 // OpenAI-compatible inference engine that times every streamed token and
 // exports what users experience. Run it with no flags to see it work in
 // front of its built-in simulated engine; see README.md. "sidecar replay"
-// replays a workload trace against an engine (docs/capture.md).
+// replays a workload trace against an engine, "sidecar capture merge" and
+// "sidecar capture stats" read captures (docs/capture.md).
 package main
 
 import (
@@ -12,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/tokentap/tokentap/app"
+	"github.com/tokentap/tokentap/capture/cli"
 	"github.com/tokentap/tokentap/internal/usage"
 	"github.com/tokentap/tokentap/replay"
 )
@@ -34,6 +36,14 @@ func main() {
 		cancel()
 		if err != nil && usage.ExitCode(err) != 2 {
 			os.Stderr.WriteString("tokentap replay: " + err.Error() + "\n")
+		}
+		os.Exit(usage.ExitCode(err))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "capture" {
+		err := cli.Main(ctx, os.Args[2:], cli.Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		cancel()
+		if err != nil && usage.ExitCode(err) != 2 {
+			os.Stderr.WriteString("sidecar capture: " + err.Error() + "\n")
 		}
 		os.Exit(usage.ExitCode(err))
 	}

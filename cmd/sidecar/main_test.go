@@ -154,3 +154,26 @@ func runDefault(t *testing.T, bin, energyReason string) {
 	}
 	terminate(t, cmd, 10*time.Second)
 }
+
+// "sidecar capture merge|stats" reach capture/cli: a merge of two files
+// writes their lines; a bad line is named FILE:LINE and exits 2.
+func TestCaptureCommands(t *testing.T) {
+	bin := build(t, "CGO_ENABLED=0")
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+	os.WriteFile(a, []byte(`{"timestamp":0,"input_length":512,"hash_ids":[7]}`+"\n"), 0o644)
+	os.WriteFile(b, []byte(`{"timestamp":0,"input_length":512,"hash_ids":[7]}`+"\n{oops\n"), 0o644)
+	merged := filepath.Join(dir, "m.jsonl")
+	if out, err := exec.Command(bin, "capture", "merge", "-o", merged, a).CombinedOutput(); err != nil {
+		t.Fatalf("merge: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "capture", "stats", "--json", merged).Output()
+	if err != nil || !strings.Contains(string(out), `"requests": 1`) {
+		t.Errorf("stats: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "capture", "merge", a, b).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), b+":2: not a JSON object") {
+		t.Errorf("bad line: exit %v\n%s", err, out)
+	}
+}

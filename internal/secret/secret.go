@@ -123,3 +123,56 @@ func create(path string) ([]byte, error) {
 	}
 	return key, nil
 }
+
+// Install copies the secret in from to to, for a process that cannot
+// read from itself: a Kubernetes Secret volume's file is owned by root
+// (or group-readable under fsGroup), so the chart's init container, as
+// the sidecar's user, copies it into a volume of its own. from must be
+// a regular file (a link to one is followed) holding a secret by the
+// text rules above; its mode is not checked (only this step reads it).
+// to is written whole, mode 0600, synced, then renamed into place,
+// replacing an older copy.
+func Install(from, to string) error {
+	st, err := os.Stat(from)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file (%v)", from, st.Mode().Type())
+	}
+	f, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxBytes+1))
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	key := bytes.TrimSpace(b)
+	switch {
+	case len(b) > MaxBytes:
+		return fmt.Errorf("%s holds more than %d bytes; a secret is %d to %d bytes of text", from, MaxBytes, MinBytes, MaxBytes)
+	case len(key) < MinBytes:
+		return fmt.Errorf("%s holds %d bytes of text; at least %d", from, len(key), MinBytes)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(to), "."+filepath.Base(to)+".new-*")
+	if err != nil {
+		return fmt.Errorf("installing %s: %w", to, err)
+	}
+	defer os.Remove(tmp.Name()) // gone once renamed, or on failure
+	_, err = tmp.Write(append(key, '\n'))
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), to)
+	}
+	if err != nil {
+		return fmt.Errorf("installing %s: %w", to, err)
+	}
+	return nil
+}

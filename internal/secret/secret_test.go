@@ -94,3 +94,38 @@ func TestCreateNeverOverwrites(t *testing.T) {
 		t.Errorf("a missing directory: %v", err)
 	}
 }
+
+// Install copies a secret whatever its source's mode (a Kubernetes
+// Secret volume's file) into a 0600 file that Load accepts, replacing an
+// older copy; a short or missing source is refused and writes nothing.
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "mounted"), filepath.Join(dir, "run", "capture.key")
+	os.Mkdir(filepath.Dir(dst), 0o700)
+	os.WriteFile(src, []byte("  "+strings.Repeat("k", 40)+"\n"), 0o444)
+	os.WriteFile(dst, []byte("an older key, replaced whole"), 0o600)
+	if err := Install(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(dst)
+	k, err := Load(dst)
+	if err != nil || string(k) != strings.Repeat("k", 40) || st.Mode().Perm() != 0o600 {
+		t.Errorf("installed: %q %v, mode %v", k, err, st.Mode().Perm())
+	}
+	os.WriteFile(src, []byte("short"), 0o444)
+	if err := Install(src, dst); err == nil || !strings.Contains(err.Error(), "at least 32") {
+		t.Errorf("a short secret: %v", err)
+	}
+	if err := Install(filepath.Join(dir, "missing"), filepath.Join(dir, "other")); err == nil {
+		t.Error("a missing source installed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "other")); err == nil {
+		t.Error("a failed install wrote its target")
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "run", ".capture.key.new-*")); len(m) != 0 {
+		t.Errorf("temporary files left: %v", m)
+	}
+	if k, _ := Load(dst); string(k) != strings.Repeat("k", 40) {
+		t.Errorf("a refused install changed the copy: %q", k)
+	}
+}

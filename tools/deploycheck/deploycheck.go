@@ -28,6 +28,7 @@ import (
 var Kinds = map[string]func() any{
 	"v1/ConfigMap":       func() any { return &corev1.ConfigMap{} },
 	"v1/Service":         func() any { return &corev1.Service{} },
+	"v1/Secret":          func() any { return &corev1.Secret{} },
 	"apps/v1/Deployment": func() any { return &appsv1.Deployment{} },
 	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &monitoringv1.ServiceMonitor{} },
 	"monitoring.coreos.com/v1/PodMonitor":     func() any { return &monitoringv1.PodMonitor{} },

@@ -40,6 +40,7 @@ type objects struct {
 	deployments []*appsv1.Deployment
 	services    []*corev1.Service
 	configMaps  []*corev1.ConfigMap
+	secrets     []*corev1.Secret
 	svcMonitors []*monitoringv1.ServiceMonitor
 	podMonitors []*monitoringv1.PodMonitor
 	promRules   []*monitoringv1.PrometheusRule
@@ -63,6 +64,8 @@ func decodeAll(t *testing.T, what string, stream []byte) *objects {
 			o.services = append(o.services, v)
 		case *corev1.ConfigMap:
 			o.configMaps = append(o.configMaps, v)
+		case *corev1.Secret:
+			o.secrets = append(o.secrets, v)
 		case *monitoringv1.ServiceMonitor:
 			o.svcMonitors = append(o.svcMonitors, v)
 		case *monitoringv1.PodMonitor:
@@ -154,6 +157,76 @@ func checkSidecarPod(t *testing.T, what string, d *appsv1.Deployment) *corev1.Co
 		t.Errorf("%s: no engine container", what)
 	}
 	return side
+}
+
+// checkCapture checks the capture's wiring with fleet ids in a pod
+// (docs/deploy.md, "Capture in Kubernetes"): the Secret named secret is
+// mounted only by a plain init container before the sidecar, which runs
+// `capture install-key` as the sidecar's user into a memory-backed
+// emptyDir; the sidecar mounts that read-only, and its args point the
+// capture's secret file there with fleet ids; POD_NAME names the replica
+// once; the trace's directory is a volume.
+func checkCapture(t *testing.T, what string, d *appsv1.Deployment, secret string) {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	vols := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = v
+	}
+	sv := vols["tokentap-capture-secret"]
+	if sv.Secret == nil || sv.Secret.SecretName != secret || sv.Secret.DefaultMode == nil || *sv.Secret.DefaultMode != 0o444 {
+		t.Fatalf("%s: the capture's secret volume %+v, want Secret %s", what, sv.VolumeSource, secret)
+	}
+	if k := vols["tokentap-capture-key"]; k.EmptyDir == nil || k.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("%s: the key's volume %+v, want a memory-backed emptyDir", what, k.VolumeSource)
+	}
+	if _, ok := vols["tokentap-capture"]; !ok {
+		t.Errorf("%s: no tokentap-capture volume for the trace", what)
+	}
+	if len(spec.InitContainers) < 2 || spec.InitContainers[0].Name != "tokentap-capture-key" || spec.InitContainers[1].Name != "tokentap" {
+		t.Fatalf("%s: init containers %v, want tokentap-capture-key, then tokentap", what, spec.InitContainers)
+	}
+	key, side := spec.InitContainers[0], spec.InitContainers[1]
+	if key.RestartPolicy != nil || key.Image != side.Image || strings.Join(key.Args, " ") != "capture install-key --from=/etc/tokentap-capture-secret/capture.key --to=/run/tokentap/capture.key" ||
+		key.SecurityContext == nil || *key.SecurityContext.RunAsUser != *side.SecurityContext.RunAsUser {
+		t.Errorf("%s: the key's init step %+v", what, key)
+	}
+	mounts := func(c corev1.Container) map[string]corev1.VolumeMount {
+		m := map[string]corev1.VolumeMount{}
+		for _, v := range c.VolumeMounts {
+			m[v.Name] = v
+		}
+		return m
+	}
+	if m := mounts(key); m["tokentap-capture-key"].MountPath != "/run/tokentap" || m["tokentap-capture-secret"].MountPath != "/etc/tokentap-capture-secret" {
+		t.Errorf("%s: the key step mounts %v", what, m)
+	}
+	for _, c := range append([]corev1.Container{side}, spec.Containers...) {
+		if _, ok := mounts(c)["tokentap-capture-secret"]; ok {
+			t.Errorf("%s: container %s mounts the Secret itself", what, c.Name)
+		}
+	}
+	if m := mounts(side); !m["tokentap-capture-key"].ReadOnly || m["tokentap-capture-key"].MountPath != "/run/tokentap" || m["tokentap-capture"].MountPath != "/var/lib/tokentap" {
+		t.Errorf("%s: the sidecar mounts %v", what, m)
+	}
+	args := strings.Join(side.Args, " ")
+	for _, want := range []string{"--capture=/var/lib/tokentap/capture.jsonl", "--capture.ids=fleet", "--capture.secret-file=/run/tokentap/capture.key"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("%s: sidecar args %q lack %s", what, args, want)
+		}
+	}
+	pod := 0
+	for _, e := range side.Env {
+		if e.Name == "POD_NAME" {
+			pod++
+			if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+				t.Errorf("%s: POD_NAME %+v", what, e)
+			}
+		}
+	}
+	if pod != 1 {
+		t.Errorf("%s: POD_NAME set %d times on the sidecar, want once", what, pod)
+	}
 }
 
 // checkWiring checks that the Service sends clients to the sidecar's
@@ -256,6 +329,7 @@ func TestKubernetesManifests(t *testing.T) {
 		t.Fatalf("kinds %v", o.kinds)
 	}
 	checkSidecarPod(t, "deploy/kubernetes/deployment.yaml", o.deployments[0])
+	checkCapture(t, "deploy/kubernetes/deployment.yaml", o.deployments[0], "tokentap-capture")
 	// The PodMonitor is the alternative to the ServiceMonitor: wired alone.
 	checkWiring(t, "deploy/kubernetes", o)
 	cfg := o.configMaps[0].Data["tokentap.yaml"]
@@ -296,6 +370,7 @@ func TestHelmChart(t *testing.T) {
 	for _, args := range [][]string{
 		{"lint", "--strict", chart, "--kube-version", "1.31.0"},
 		{"lint", "--strict", chart, "--kube-version", "1.31.0", "--set", "podMonitor.enabled=true,serviceMonitor.enabled=false"},
+		{"lint", "--strict", chart, "--kube-version", "1.31.0", "--set", "tokentap.capture.enabled=true"},
 	} {
 		out, err := exec.Command(helm, args...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "0 chart(s) failed") || strings.Contains(string(out), "[WARNING]") || strings.Contains(string(out), "[ERROR]") {
@@ -327,6 +402,13 @@ func TestHelmChart(t *testing.T) {
 			"tokentap.extraArgs={--records=-}", "dashboards.namespace=monitoring"}, map[string]int{
 			"apps/v1/Deployment": 1, "v1/Service": 1, "v1/ConfigMap": 1 + len(dashboards),
 			"monitoring.coreos.com/v1/PodMonitor": 1, "monitoring.coreos.com/v1/PrometheusRule": 1}},
+		{"capture with fleet ids: the chart's Secret", []string{"tokentap.capture.enabled=true"}, map[string]int{
+			"apps/v1/Deployment": 1, "v1/Service": 1, "v1/ConfigMap": 1 + len(dashboards), "v1/Secret": 1,
+			"monitoring.coreos.com/v1/ServiceMonitor": 1, "monitoring.coreos.com/v1/PrometheusRule": 1}},
+		{"capture with fleet ids: an existing Secret, energy from DCGM", []string{"tokentap.capture.enabled=true",
+			"tokentap.capture.existingSecret=fleet-key", "tokentap.energy.source=dcgm"}, map[string]int{
+			"apps/v1/Deployment": 1, "v1/Service": 1, "v1/ConfigMap": 1 + len(dashboards),
+			"monitoring.coreos.com/v1/ServiceMonitor": 1, "monitoring.coreos.com/v1/PrometheusRule": 1}},
 		{"no workload: monitoring for pods of your own", []string{
 			"workload.enabled=false", "service.selector.app=my-engine", "prometheusRule.enabled=false", "dashboards.enabled=false"}, map[string]int{
 			"v1/Service": 1, "v1/ConfigMap": 1, "monitoring.coreos.com/v1/ServiceMonitor": 1}},
@@ -339,8 +421,22 @@ func TestHelmChart(t *testing.T) {
 				t.Errorf("rendered %v, want %v", o.kinds, c.want)
 			}
 			t.Logf("helm template decodes strictly into k8s.io/api and prometheus-operator types: %v", o.kinds)
+			capture := strings.Contains(strings.Join(c.sets, ","), "capture.enabled=true")
 			for _, d := range o.deployments {
 				side := checkSidecarPod(t, "helm template", d)
+				if capture {
+					secret := "rel-tokentap-capture"
+					if strings.Contains(strings.Join(c.sets, ","), "existingSecret") {
+						secret = "fleet-key"
+					}
+					checkCapture(t, "helm template", d, secret)
+					for _, s := range o.secrets {
+						if k := s.Data["capture.key"]; s.Name != secret || len(k) < 32 {
+							t.Errorf("Secret %s holds a key of %d bytes, want %s with at least 32", s.Name, len(k), secret)
+						}
+					}
+					continue
+				}
 				if c.sets != nil {
 					if !strings.Contains(strings.Join(side.Args, " "), "--upstream=http://127.0.0.1:30000") || side.Image != "tokentap:v1" ||
 						d.Spec.Template.Spec.Containers[0].Name != "sglang" || side.Args[len(side.Args)-1] != "--records=-" {
@@ -359,7 +455,7 @@ func TestHelmChart(t *testing.T) {
 							t.Errorf("dashboard ConfigMap %s: %s differs from dashboards/%s (%v)", cm.Name, name, name, err)
 						}
 					}
-					if c.sets != nil && cm.Namespace != "monitoring" {
+					if strings.Contains(strings.Join(c.sets, ","), "dashboards.namespace=monitoring") && cm.Namespace != "monitoring" {
 						t.Errorf("dashboard ConfigMap %s in namespace %q", cm.Name, cm.Namespace)
 					}
 				} else if cfg := cm.Data["tokentap.yaml"]; cfg != "" {

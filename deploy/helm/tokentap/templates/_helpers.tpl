@@ -100,13 +100,25 @@ beside it and stops after it. It forwards to the engine on
     - --listen=0.0.0.0:{{ $t.ports.http }}
     - --admin-listen=0.0.0.0:{{ $t.ports.metrics }}
     - --config=/etc/tokentap/tokentap.yaml
+    {{- if $t.capture.enabled }}
+    - --capture=/var/lib/tokentap/capture.jsonl
+    - --capture.ids={{ $t.capture.ids }}
+    - --capture.secret-file=/run/tokentap/capture.key
+    {{- with $t.capture.sessionHeader }}
+    - --capture.session-header={{ . }}
+    {{- end }}
+    {{- end }}
     {{- range $t.extraArgs }}
     - {{ . | quote }}
     {{- end }}
   {{- $energyEnv := include "tokentap.energyEnv" . }}
-  {{- if or $t.env $energyEnv }}
+  {{- $captureEnv := include "tokentap.captureEnv" . }}
+  {{- if or $t.env $energyEnv $captureEnv }}
   env:
     {{- with $energyEnv }}
+    {{- . | trim | nindent 4 }}
+    {{- end }}
+    {{- with $captureEnv }}
     {{- . | trim | nindent 4 }}
     {{- end }}
     {{- with $t.env }}
@@ -136,4 +148,65 @@ beside it and stops after it. It forwards to the engine on
     - name: tokentap-config
       mountPath: /etc/tokentap
       readOnly: true
+    {{- if $t.capture.enabled }}
+    - name: tokentap-capture-key
+      mountPath: /run/tokentap
+      readOnly: true
+    - name: tokentap-capture
+      mountPath: /var/lib/tokentap
+    {{- end }}
+{{- end -}}
+
+{{/* The capture's Secret: tokentap.capture.existingSecret, or the chart's. */}}
+{{- define "tokentap.captureSecret" -}}
+{{- .Values.tokentap.capture.existingSecret | default (printf "%s-capture" (include "tokentap.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/*
+POD_NAME names the replica on the capture's fleet lines (capture.replica's
+default), unless the energy variables set it already.
+*/}}
+{{- define "tokentap.captureEnv" -}}
+{{- if and .Values.tokentap.capture.enabled (not (has .Values.tokentap.energy.source (list "dcgm" "auto"))) }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+{{- end -}}
+
+{{/*
+The capture key's init step (a plain init container, before the sidecar):
+a Secret volume's file belongs to root (group-readable at best, under
+fsGroup), and the capture's key must be a 0600 file of the sidecar's own
+user (internal/secret's rules), so the sidecar's image, as that user,
+copies it into a memory-backed emptyDir that the sidecar mounts read-only
+(`sidecar capture install-key`). Only this container mounts the Secret.
+*/}}
+{{- define "tokentap.captureKeyInit" -}}
+{{- $t := .Values.tokentap -}}
+- name: tokentap-capture-key
+  image: {{ printf "%s:%s" $t.image.repository (toString (default .Chart.AppVersion $t.image.tag)) | quote }}
+  imagePullPolicy: {{ $t.image.pullPolicy }}
+  args:
+    - capture
+    - install-key
+    - --from=/etc/tokentap-capture-secret/{{ $t.capture.secretKey }}
+    - --to=/run/tokentap/capture.key
+  resources:
+    requests:
+      cpu: 10m
+      memory: 16Mi
+    limits:
+      memory: 32Mi
+  {{- with $t.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: tokentap-capture-secret
+      mountPath: /etc/tokentap-capture-secret
+      readOnly: true
+    - name: tokentap-capture-key
+      mountPath: /run/tokentap
 {{- end -}}
