@@ -51,6 +51,20 @@ func canonical(body []byte, names []string, w func(p []byte)) int {
 	return found
 }
 
+// Canonical feeds the canonical prompt of body, a request of the API
+// named api, to w, in pieces, and returns how many of its prompt members
+// it fed (0 for an API without a prompt the capture reads): the bytes
+// the capture cuts into blocks. The simulator's prefix cache cuts the
+// same bytes (simengine), so that its blocks are the capture's. It
+// allocates nothing.
+func Canonical(body []byte, api stream.Name, w func(p []byte)) int {
+	a := stream.LookupAPI(string(api))
+	if a == nil {
+		return 0
+	}
+	return canonical(body, a.Request.Prompt, w)
+}
+
 // unsafeBytes is s as bytes without a copy; callers only read them.
 func unsafeBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 

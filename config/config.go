@@ -405,6 +405,8 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&s.MaxTokens, "sim.max-tokens", s.MaxTokens, "simulator: output length when the request sets no max_tokens")
 	fs.Uint64Var(&s.Seed, "sim.seed", s.Seed, "simulator: random seed")
 	fs.IntVar(&s.KVCapacityTokens, "sim.kv-capacity-tokens", s.KVCapacityTokens, "simulator: KV cache capacity in tokens; running sequences past it are preempted and recomputed")
+	fs.IntVar(&s.PrefixCacheBlocks, "sim.prefix-cache-blocks", s.PrefixCacheBlocks, "simulator: prefix cache size in blocks, vLLM's automatic prefix caching with LRU eviction (0: off)")
+	fs.IntVar(&s.PrefixCacheBlockTokens, "sim.prefix-cache-block-tokens", s.PrefixCacheBlockTokens, "simulator: tokens per prefix cache block (as the capture's block_size)")
 	c.Engine.bind(fs)
 	c.Cost.bind(fs)
 	c.Egress.bind(fs)

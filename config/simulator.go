@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"time"
 )
@@ -9,8 +10,8 @@ import (
 // Simulator holds the built-in simulated engine's knobs; each field's
 // comment gives its default (SimulatorDefaults, where the sidecar's
 // configuration starts). WithDefaults fills only Model, MaxBatch,
-// RejectStatus, DecodeBase, StallDuration, MaxTokens and KVCapacityTokens
-// when zero: every other zero is taken as given (no jitter, a
+// RejectStatus, DecodeBase, StallDuration, MaxTokens, KVCapacityTokens
+// and PrefixCacheBlockTokens when zero: every other zero is taken as given (no jitter, a
 // probability of 0 never happens, a zero duration takes no time,
 // MaxQueue 0 queues nothing past the batch, Seed 0 is a seed).
 type Simulator struct {
@@ -37,7 +38,25 @@ type Simulator struct {
 	// prefill when readmitted, as vLLM does. Default 32768: the default
 	// batch of 8 would need over 4,000 tokens per sequence to preempt.
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	// PrefixCacheBlocks is the prefix cache's size in blocks, vLLM's
+	// automatic prefix caching: a prompt's leading blocks the cache holds
+	// skip prefill, LRU eviction, and vLLM's prefix-cache counters on
+	// /metrics (simengine/prefix.go). Default 0: off, no counters.
+	PrefixCacheBlocks int `yaml:"prefix_cache_blocks"`
+	// PrefixCacheBlockTokens is the tokens per block of the prefix cache
+	// (512, the capture's block_size); with the cache on, a prompt's
+	// tokens are the capture's count (its canonical prompt's bytes ÷ 4),
+	// so that the simulator's blocks are the capture's.
+	PrefixCacheBlockTokens int `yaml:"prefix_cache_block_tokens"`
 }
+
+// MaxPrefixCacheBlocks and MaxPrefixCacheBlockTokens bound the prefix
+// cache's settings (2^24 blocks: about 1 GiB of cache bookkeeping when
+// full; a block of 2^20 tokens).
+const (
+	MaxPrefixCacheBlocks      = 1 << 24
+	MaxPrefixCacheBlockTokens = 1 << 20
+)
 
 // SimulatorDefaults returns the simulator configuration used for zero
 // fields.
@@ -48,6 +67,7 @@ func SimulatorDefaults() Simulator {
 		DecodeBase: 15 * time.Millisecond, DecodePerSeq: time.Millisecond,
 		Jitter: 0.1, MultiTokenProb: 0.05, StallProb: 0.002, StallDuration: 250 * time.Millisecond,
 		ErrorProb: 0.01, EOSProb: 0.02, MaxTokens: 64, Seed: 1, KVCapacityTokens: 32768,
+		PrefixCacheBlockTokens: 512,
 	}
 }
 
@@ -80,6 +100,9 @@ func (c Simulator) WithDefaults() Simulator {
 	if c.KVCapacityTokens <= 0 {
 		c.KVCapacityTokens = d.KVCapacityTokens
 	}
+	if c.PrefixCacheBlockTokens <= 0 {
+		c.PrefixCacheBlockTokens = d.PrefixCacheBlockTokens
+	}
 	return c
 }
 
@@ -105,6 +128,12 @@ func (c Simulator) Validate() []error {
 	}
 	if c.KVCapacityTokens < 0 {
 		bad("simulator.kv_capacity_tokens must not be negative")
+	}
+	if c.PrefixCacheBlocks < 0 || c.PrefixCacheBlocks > MaxPrefixCacheBlocks {
+		bad(fmt.Sprintf("simulator.prefix_cache_blocks must be in [0,%d] (0: off)", MaxPrefixCacheBlocks))
+	}
+	if c.PrefixCacheBlockTokens < 0 || c.PrefixCacheBlockTokens > MaxPrefixCacheBlockTokens {
+		bad(fmt.Sprintf("simulator.prefix_cache_block_tokens must be in [0,%d] (0: 512)", MaxPrefixCacheBlockTokens))
 	}
 	if c.RejectStatus != 0 && (c.RejectStatus < 400 || c.RejectStatus > 599) {
 		bad("simulator.reject_status must be a 4xx or 5xx status")

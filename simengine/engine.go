@@ -23,10 +23,14 @@
 //     queue, and when readmitted it pays the prefill of its prompt and
 //     the tokens it had generated (recompute). Its client sees a stall:
 //     the wait plus the recompute;
+//   - a prefix cache (PrefixCacheBlocks; off by default), vLLM's
+//     automatic prefix caching: the cached leading blocks of a prompt
+//     skip prefill (prefix.go);
 //   - a vLLM-style /metrics (Metrics): vllm:num_requests_running,
 //     vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
 //     vllm:num_preemptions_total, the request outcomes and the engine-side
-//     TTFT and inter-token latency histograms;
+//     TTFT and inter-token latency histograms, and with the prefix cache
+//     on vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total;
 //   - with probability MultiTokenProb an event is held and sent together
 //     with the next token(s), like vLLM's output coalescing;
 //   - with probability ErrorProb a request fails mid-stream with an error
@@ -36,6 +40,7 @@ package simengine
 
 import (
 	"context"
+	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -58,6 +63,8 @@ type simEvent struct {
 type seq struct {
 	ctx       context.Context
 	prompt    int
+	keys      []uint64 // the prompt's full blocks (prefix.go); nil with the cache off
+	preempted bool     // preempted at least once
 	maxTokens int
 	ignoreEOS bool
 	failAt    int // fail after this many tokens; -1 never
@@ -87,13 +94,24 @@ type Engine struct {
 	kvUsed          int    // tokens the running sequences hold
 	preemptions     uint64 // sequences preempted since the start
 
+	// the prefix cache: nil when off; used by Run's admission, read by
+	// PrefixLog and /metrics, under mu
+	cache                     *prefixCache
+	seed                      maphash.Seed // of the block keys
+	prefixQueries, prefixHits uint64       // tokens, as vLLM counts them
+	prefixLog                 []PrefixLookup
+	prefixNext                int // next slot of prefixLog once full
+
 	m *simMetrics
 }
 
 // NewEngine returns an engine; call Run to start its step loop.
 func NewEngine(cfg Config) *Engine {
 	cfg = cfg.WithDefaults()
-	e := &Engine{cfg: cfg, wake: make(chan struct{}, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
+	e := &Engine{cfg: cfg, wake: make(chan struct{}, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed)), seed: maphash.MakeSeed()}
+	if cfg.PrefixCacheBlocks > 0 {
+		e.cache = newPrefixCache(cfg.PrefixCacheBlocks)
+	}
 	e.m = newSimMetrics(e)
 	return e
 }
@@ -112,8 +130,51 @@ func (e *Engine) KV() (used, capacity int, preemptions uint64) {
 // Config returns the engine's effective configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// submit queues a request, or reports that the queue is full.
-func (e *Engine) submit(ctx context.Context, prompt, maxTokens int, ignoreEOS bool) (*seq, bool) {
+// PrefixLog returns the last lookups of the prefix cache (at most
+// 4096), oldest first; nil when the cache is off.
+func (e *Engine) PrefixLog() []PrefixLookup {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.prefixLog) < prefixLogSize {
+		return append([]PrefixLookup(nil), e.prefixLog...)
+	}
+	return append(append([]PrefixLookup(nil), e.prefixLog[e.prefixNext:]...), e.prefixLog[:e.prefixNext]...)
+}
+
+// PrefixCounters returns vLLM's prefix-cache counters: the tokens
+// queried and the tokens hit, of requests not preempted before.
+func (e *Engine) PrefixCounters() (queries, hits uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.prefixQueries, e.prefixHits
+}
+
+// lookup looks s's blocks up in the prefix cache and touches them, and
+// returns the tokens it need not prefill. Called with e.mu held.
+func (e *Engine) lookup(s *seq) int {
+	if e.cache == nil {
+		return 0
+	}
+	bt := e.cfg.PrefixCacheBlockTokens
+	hits := e.cache.lookup(s.keys, (s.prompt-1)/bt)
+	e.cache.touch(s.keys)
+	l := PrefixLookup{Blocks: len(s.keys), Hits: hits, Tokens: s.prompt, HitTokens: hits * bt, Preempted: s.preempted}
+	if !s.preempted {
+		e.prefixQueries += uint64(l.Tokens)
+		e.prefixHits += uint64(l.HitTokens)
+	}
+	if len(e.prefixLog) < prefixLogSize {
+		e.prefixLog = append(e.prefixLog, l)
+	} else {
+		e.prefixLog[e.prefixNext] = l
+		e.prefixNext = (e.prefixNext + 1) % prefixLogSize
+	}
+	return l.HitTokens
+}
+
+// submit queues a request, or reports that the queue is full; keys are
+// its prompt's blocks (prefixKeys).
+func (e *Engine) submit(ctx context.Context, prompt int, keys []uint64, maxTokens int, ignoreEOS bool) (*seq, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.waiting) >= e.cfg.MaxQueue+max(0, e.cfg.MaxBatch-e.running) {
@@ -126,7 +187,7 @@ func (e *Engine) submit(ctx context.Context, prompt, maxTokens int, ignoreEOS bo
 	// claim (2^63-1 overflowed the +2), so the room is bounded by what
 	// the KV cache can hold (only a lone sequence generates past it).
 	room := min(maxTokens, e.cfg.KVCapacityTokens) + 2
-	s := &seq{ctx: ctx, prompt: prompt, maxTokens: maxTokens, ignoreEOS: ignoreEOS, failAt: -1,
+	s := &seq{ctx: ctx, prompt: prompt, keys: keys, maxTokens: maxTokens, ignoreEOS: ignoreEOS, failAt: -1,
 		out: make(chan simEvent, room), rng: r, arrive: time.Now()}
 	if r.Float64() < e.cfg.ErrorProb && maxTokens > 1 {
 		s.failAt = 1 + r.IntN(maxTokens-1)
@@ -167,11 +228,13 @@ func (e *Engine) Run(ctx context.Context) {
 			running = running[:len(running)-1]
 			used -= s.kv()
 			e.waiting = append([]*seq{s}, e.waiting...)
+			s.preempted = true
 			e.preemptions++
 		}
 		// Then admission, while the batch and the KV cache have room; the
 		// admitting step pays the prefill of every token the sequence
-		// holds (its prompt, and what it generated before a preemption).
+		// holds (its prompt, and what it generated before a preemption)
+		// but the prompt's leading blocks the prefix cache holds.
 		var prefill time.Duration
 		for len(running) < e.cfg.MaxBatch && len(e.waiting) > 0 {
 			s := e.waiting[0]
@@ -187,7 +250,7 @@ func (e *Engine) Run(ctx context.Context) {
 			e.waiting = e.waiting[1:]
 			running = append(running, s)
 			used += s.kv()
-			prefill += e.cfg.PrefillBase + time.Duration(s.kv())*e.cfg.PrefillPerToken
+			prefill += e.cfg.PrefillBase + time.Duration(s.kv()-e.lookup(s))*e.cfg.PrefillPerToken
 		}
 		e.running, e.queued, e.kvUsed = len(running), len(e.waiting), used
 		e.mu.Unlock()

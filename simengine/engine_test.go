@@ -43,7 +43,7 @@ func TestTTFTGrowsWithPromptLength(t *testing.T) {
 			ttft   time.Duration
 		}{{100, 135 * time.Millisecond}, {1000, 1035 * time.Millisecond}} {
 			start := time.Now()
-			s, ok := e.submit(ctx, c.prompt, 3, true)
+			s, ok := e.submit(ctx, c.prompt, nil, 3, true)
 			if !ok {
 				t.Fatal("rejected")
 			}
@@ -68,7 +68,7 @@ func TestQueueingPastBatchSize(t *testing.T) {
 		start := time.Now()
 		var seqs []*seq
 		for i := 0; i < 4; i++ {
-			s, ok := e.submit(ctx, 10, 2, true)
+			s, ok := e.submit(ctx, 10, nil, 2, true)
 			if !ok {
 				t.Fatal("rejected")
 			}
@@ -99,8 +99,8 @@ func TestDecodeTimeGrowsWithOccupancy(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		go e.Run(ctx)
-		a, _ := e.submit(ctx, 1, 5, true)
-		b, _ := e.submit(ctx, 1, 5, true)
+		a, _ := e.submit(ctx, 1, nil, 5, true)
+		b, _ := e.submit(ctx, 1, nil, 5, true)
 		go firstAndRest(b, time.Now())
 		_, gaps, _ := firstAndRest(a, time.Now())
 		for _, g := range gaps {
@@ -119,14 +119,14 @@ func TestRejectsWhenQueueFull(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		go e.Run(ctx)
-		if _, ok := e.submit(ctx, 1, 50, true); !ok {
+		if _, ok := e.submit(ctx, 1, nil, 50, true); !ok {
 			t.Fatal("first rejected")
 		}
 		synctest.Wait() // the engine admits it
-		if _, ok := e.submit(ctx, 1, 50, true); !ok {
+		if _, ok := e.submit(ctx, 1, nil, 50, true); !ok {
 			t.Fatal("second (queued) rejected")
 		}
-		if _, ok := e.submit(ctx, 1, 50, true); ok {
+		if _, ok := e.submit(ctx, 1, nil, 50, true); ok {
 			t.Fatal("third accepted with batch 1 running and queue 1 full")
 		}
 	})
@@ -141,7 +141,7 @@ func TestStallAndCoalescing(t *testing.T) {
 		defer cancel()
 		go e.Run(ctx)
 		start := time.Now()
-		s, _ := e.submit(ctx, 0, 4, true)
+		s, _ := e.submit(ctx, 0, nil, 4, true)
 		ttft, gaps, n := firstAndRest(s, start)
 		// Every token is coalesced into the last event; every step stalls 1 s:
 		// 4 steps of (25 ms + 1 s) + 10 ms prefill (prompt counted as 0).

@@ -30,7 +30,7 @@ func TestPreemptionWhenKVFull(t *testing.T) {
 		go e.Run(ctx)
 		var seqs []*seq
 		for i := 0; i < 3; i++ {
-			s, ok := e.submit(ctx, 5, 8, true)
+			s, ok := e.submit(ctx, 5, nil, 8, true)
 			if !ok {
 				t.Fatal("rejected")
 			}
@@ -87,7 +87,7 @@ func TestDefaultCapacityDoesNotPreempt(t *testing.T) {
 		go e.Run(ctx)
 		done := make(chan struct{})
 		for i := 0; i < 16; i++ {
-			s, _ := e.submit(ctx, 200, 64, true)
+			s, _ := e.submit(ctx, 200, nil, 64, true)
 			go func() { firstAndRest(s, time.Now()); done <- struct{}{} }()
 		}
 		for i := 0; i < 16; i++ {

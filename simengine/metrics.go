@@ -8,8 +8,8 @@ import (
 
 // simMetrics is the simulator's vLLM-style /metrics: vLLM v1's names,
 // types, labels (model_name, engine) and buckets (vllm/v1/metrics/
-// loggers.py), following the batching model. It has no prefix cache,
-// so no prefix-cache counters.
+// loggers.py), following the batching model; the prefix-cache counters
+// only with the prefix cache on.
 type simMetrics struct {
 	reg     *prometheus.Registry
 	success *prometheus.CounterVec
@@ -53,6 +53,14 @@ func newSimMetrics(e *Engine) *simMetrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vllm:num_preemptions_total", Help: "Cumulative number of preemption from the engine.", ConstLabels: labels},
 			locked(func() float64 { return float64(e.preemptions) })),
 	)
+	if e.cache != nil {
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vllm:prefix_cache_queries_total", Help: "Prefix cache queries, in terms of number of queried tokens.", ConstLabels: labels},
+				locked(func() float64 { return float64(e.prefixQueries) })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vllm:prefix_cache_hits_total", Help: "Prefix cache hits, in terms of number of cached tokens.", ConstLabels: labels},
+				locked(func() float64 { return float64(e.prefixHits) })),
+		)
+	}
 	return m
 }
 

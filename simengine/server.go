@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Server serves the engine over HTTP: POST /v1/chat/completions,
@@ -49,7 +51,8 @@ type chatRequest struct {
 }
 
 // promptTokens estimates a prompt's length as a tokenizer would roughly
-// count it: one token per 4 bytes of text plus 4 per message.
+// count it: one token per 4 bytes of text plus 4 per message. With the
+// prefix cache on, the count is the capture's instead (prefixKeys).
 func (r *chatRequest) promptTokens() int {
 	n := 0
 	for _, m := range r.Messages {
@@ -111,11 +114,19 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		model = s.Engine.cfg.Model
 	}
 	prompt := req.promptTokens()
+	var keys []uint64
+	if e := s.Engine; e.cache != nil { // the capture's tokens and blocks (prefix.go)
+		api := stream.Name(stream.NameCompletions)
+		if chat {
+			api = stream.NameChat
+		}
+		prompt, keys = prefixKeys(e.seed, body, api, e.cfg.PrefixCacheBlockTokens, e.cfg.KVCapacityTokens)
+	}
 	if prompt >= s.Engine.cfg.KVCapacityTokens {
 		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("the prompt (%d tokens) does not fit the KV cache (%d tokens)", prompt, s.Engine.cfg.KVCapacityTokens))
 		return
 	}
-	sq, ok := s.Engine.submit(r.Context(), prompt, maxTokens, req.IgnoreEOS)
+	sq, ok := s.Engine.submit(r.Context(), prompt, keys, maxTokens, req.IgnoreEOS)
 	if !ok {
 		st := s.Engine.cfg.RejectStatus
 		writeError(w, st, "overloaded", "the engine's waiting queue is full")
