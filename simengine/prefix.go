@@ -71,8 +71,9 @@ type PrefixLookup struct {
 // into blocks of blockTokens tokens, each key a chained hash. A block
 // counts as full when the token count covers it (the last may then be
 // short of bytes: the token count is rounded up), as the capture's ids
-// do. At most maxTokens tokens are read: past it, tokens is more than
-// maxTokens and keys are nil.
+// do; a body without a prompt the capture reads has no keys. At most
+// maxTokens tokens are read: past it, tokens is more than maxTokens and
+// keys are nil.
 func prefixKeys(seed maphash.Seed, body []byte, api stream.Name, blockTokens, maxTokens int) (tokens int, keys []uint64) {
 	n := 0
 	capture.Canonical(body, api, func(p []byte) { n += len(p) })
@@ -82,7 +83,7 @@ func prefixKeys(seed maphash.Seed, body []byte, api stream.Name, blockTokens, ma
 		return tokens, nil
 	}
 	full := tokens / blockTokens
-	if full == 0 {
+	if full == 0 || n == 0 { // no prompt read: no block to share (the capture's ids are then the request's own)
 		return tokens, nil
 	}
 	keys = make([]uint64, 0, full)
