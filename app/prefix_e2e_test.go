@@ -1,21 +1,17 @@
 package app
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tokentap/tokentap/capture"
-	"github.com/tokentap/tokentap/prefix"
 	"github.com/tokentap/tokentap/stream"
 )
 
@@ -55,11 +51,12 @@ func prefixWorkload() [][]byte {
 	return out
 }
 
-// metricValue returns the value of the first sample in text whose name
-// is name (any labels).
-func metricValue(text, name string) (float64, bool) {
+// metricValue returns the value of the first sample in text that is
+// series: a name (any labels), or a name with its labels as the text
+// format writes them.
+func metricValue(text, series string) (float64, bool) {
 	for l := range strings.SplitSeq(text, "\n") {
-		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+		if !strings.HasPrefix(l, series+" ") && (strings.HasSuffix(series, "}") || !strings.HasPrefix(l, series+"{")) {
 			continue
 		}
 		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
@@ -68,38 +65,15 @@ func metricValue(text, name string) (float64, bool) {
 	return 0, false
 }
 
-// captureIDs reads a capture's lines' hash_ids, in file (arrival) order.
-func captureIDs(t *testing.T, path string) [][]uint64 {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out [][]uint64
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var l struct {
-			HashIDs []uint64 `json:"hash_ids"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("capture line %q: %v", sc.Bytes(), err)
-		}
-		out = append(out, l.HashIDs)
-	}
-	return out
-}
-
 // prefixRun is one run of the workload through a sidecar in front of
 // the simulator with a prefix cache of engineBlocks blocks of 16 tokens:
 // the engine's hit rate (its own counters, re-exported by the sidecar)
 // and the sidecar's ideal-cache bound at each of sizes (blocks of 16
-// tokens too).
+// tokens too), from its live reuse's series
+// (tokentap_prefix_ideal_cache_blocks_total, hit over hit and miss).
 func prefixRun(t *testing.T, engineBlocks int, sizes []int) (engine float64, bound []float64) {
 	t.Helper()
-	dir := t.TempDir()
-	trace := filepath.Join(dir, "capture.jsonl")
+	sizesYAML, _ := json.Marshal(sizes)
 	a, _ := startSimulator(t, fmt.Sprintf(`
 simulator:
   prefix_cache_blocks: %d
@@ -115,16 +89,18 @@ simulator:
   eos_prob: 0
   multi_token_prob: 0
 capture:
-  file: %s
   block_size: 16
   settle: 100ms
+reuse:
+  enabled: "on"
+  cache_blocks: %s
 engine:
   interval: 100ms
   passthrough: true
 probes:
   probes:
     - {name: elsewhere, url: "http://127.0.0.1:1", interval: 1h, max_tokens: 1}
-`, engineBlocks, trace))
+`, engineBlocks, sizesYAML))
 	reqs := prefixWorkload()
 	var tokens int // the workload's prompt tokens as the simulator and the capture count them
 	for _, b := range reqs {
@@ -141,38 +117,35 @@ probes:
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	}
-	// Wait (bounded) for what the test can measure: every line in the
-	// capture, every prompt token in the engine's counters as the
-	// sidecar last scraped them.
-	var ids [][]uint64
+	// Wait (bounded) for what the test can measure: every request in the
+	// live reuse's counters, every prompt token in the engine's counters
+	// as the sidecar last scraped them.
+	var text string
 	var queries, hits float64
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ids = captureIDs(t, trace)
-		text := scrapeAdmin(t, a.Admin)
+		text = scrapeAdmin(t, a.Admin)
 		queries, _ = metricValue(text, "vllm:prefix_cache_queries_total")
 		hits, _ = metricValue(text, "vllm:prefix_cache_hits_total")
-		if len(ids) == len(reqs) && int(queries) == tokens {
+		counted, _ := metricValue(text, "tokentap_prefix_requests_total")
+		if int(counted) == len(reqs) && int(queries) == tokens {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30 s: %d of %d capture lines, %v of %d prompt tokens queried", len(ids), len(reqs), queries, tokens)
+			t.Fatalf("after 30 s: %v of %d requests in the live reuse, %v of %d prompt tokens queried", counted, len(reqs), queries, tokens)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	tr := prefix.New(prefix.Options{Window: time.Hour, Sizes: sizes})
-	at := time.Now()
-	blocks := 0
-	bhits := make([]int, len(sizes))
-	for i, l := range ids {
-		r := tr.Observe(at.Add(time.Duration(i)), l)
-		blocks += r.Blocks
-		for k, h := range r.Hits {
-			bhits[k] += h
+	for _, size := range sizes {
+		series := func(outcome string) float64 {
+			v, ok := metricValue(text, fmt.Sprintf(`tokentap_prefix_ideal_cache_blocks_total{cache_blocks="%d",outcome="%s"}`, size, outcome))
+			if !ok {
+				t.Fatalf("no ideal cache of %d blocks, outcome %s, on /metrics", size, outcome)
+			}
+			return v
 		}
-	}
-	for _, h := range bhits {
-		bound = append(bound, float64(h)/float64(blocks))
+		h, m := series("hit"), series("miss")
+		bound = append(bound, h/(h+m))
 	}
 	return hits / queries, bound
 }
