@@ -162,10 +162,10 @@ cost:
 	// by measuring them throughout the test. A rule evaluation is checked
 	// only when every sidecar's last sample before it was stored before
 	// it: older than that scrape's duration plus twice the longest commit
-	// measured, at least 0.1 s (settled). The rules run every 2.6 s and
-	// the scrapes every 2 s, so the gap between them turns through ten
-	// phases 0.2 s apart: on a busy machine whose scrapes take long, more
-	// evaluations are skipped, none is misread.
+	// measured, at least 0.1 s (settled). The rules run every 7.8 s and
+	// the scrapes every 6 s, so the gap between them turns through ten
+	// phases 0.6 s apart: on a busy machine whose scrapes take long, more
+	// evaluations are skipped, none is misread (startFleetPrometheus).
 	// margin, three times the longest scrape, bounds the cost check's
 	// tolerance for the price's slope.
 	margin := 0.05
@@ -537,10 +537,14 @@ func fleetNear(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, mat
 func msTime(ms int64) string { return time.UnixMilli(ms).UTC().Format("15:04:05.000") }
 
 // startFleetPrometheus runs a Prometheus that scrapes the given sidecars
-// (one job, tokentap) every 2 s and evaluates the shipped rules file
-// every 2.6 s; it returns its address. The intervals are twice the usual
-// test's so that a busy machine's slow scrapes (0.14 s seen under -race)
-// leave evaluations clear of them (TestFleetOnOnePrometheus's margin).
+// (one job, tokentap) every 6 s and evaluates the shipped rules file
+// every 7.8 s; it returns its address. An evaluation is checked only
+// when every sidecar's last scrape before it had ended and been stored
+// (settled), and Prometheus spreads the three sidecars' scrapes over
+// the interval: each blocks the evaluations for its scrape's duration
+// and commit. At 2 s a busy run's scrapes (0.8 s and 0.1 s, with -race
+// beside two busy loops) blocked every instant of the interval, and no
+// evaluation could be checked; at 6 s about half of it stays clear.
 func startFleetPrometheus(t *testing.T, bin string, targets []string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -554,8 +558,8 @@ func startFleetPrometheus(t *testing.T, bin string, targets []string) string {
 	}
 	os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(fmt.Sprintf(`
 global:
-  scrape_interval: 2s
-  evaluation_interval: 2600ms
+  scrape_interval: 6s
+  evaluation_interval: 7800ms
 rule_files: [%q]
 scrape_configs:
   - job_name: tokentap

@@ -25,25 +25,20 @@ import (
 	"github.com/tokentap/tokentap/slo"
 )
 
-// exceptions are the queries allowed to return no data, each with the
-// feature it needs that is off in this test. A query matches when its
-// expression contains the key. Nothing else may come back empty.
-var exceptions = map[string]string{
-	// The engine panels were exceptions ("needs engine signals") until
-	// the engine scraper landed; the default run now exports
-	// tokentap_engine_* for its simulator, and they are checked like
-	// every other query, but this one: the simulator has no prefix
-	// cache yet (issue 37 adds one).
-	"tokentap_engine_prefix_cache_hit_ratio": "needs an engine with a prefix cache; the simulator has none",
-}
+// Every query must return data but those that need a feature this test
+// cannot turn on: GPU energy without cgo (energyQueries). The engine
+// panels were exceptions until the engine scraper landed, and the
+// prefix-cache hit ratio until the simulator had a prefix cache (issue
+// 37): the run below turns it on.
 
 // energyQueries are the queries that need GPU energy: without cgo (no
-// NVML, not even its mock) they are exceptions too.
+// NVML, not even its mock) they are the exceptions.
 var energyQueries = regexp.MustCompile(`tokentap_gpu_|tokentap_energy_(attributed|unattributed|idle|sampling|cost)|tokentap_request_energy|tokentap_decode_|energy:tokentap_`)
 
 const sidecarConfig = `
 simulator:
   seed: 7
+  prefix_cache_blocks: 64
 slo:
   stall_threshold: 100ms
   objectives:
@@ -262,11 +257,6 @@ func TestEveryPanelQueryReturnsData(t *testing.T) {
 					t.Errorf("%s: unsubstituted variable in %s", id, q)
 				}
 				reason := ""
-				for k, why := range exceptions {
-					if strings.Contains(q, k) {
-						reason = why
-					}
-				}
 				if gpuTarget == "" && energyQueries.MatchString(q) {
 					reason = "needs GPU energy: the NVML mock needs cgo"
 				}
