@@ -2,11 +2,14 @@ package deploycheck
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -328,8 +331,10 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(o.deployments) != 1 || len(o.services) != 1 || len(o.svcMonitors) != 1 || len(o.podMonitors) != 1 || len(o.promRules) != 1 || len(o.configMaps) != 1 {
 		t.Fatalf("kinds %v", o.kinds)
 	}
-	checkSidecarPod(t, "deploy/kubernetes/deployment.yaml", o.deployments[0])
-	checkCapture(t, "deploy/kubernetes/deployment.yaml", o.deployments[0], "tokentap-capture")
+	side := checkSidecarPod(t, "deploy/kubernetes/deployment.yaml", o.deployments[0])
+	if strings.Contains(strings.Join(side.Args, " "), "--capture") { // closed by default: the component turns it on
+		t.Errorf("deploy/kubernetes/deployment.yaml: the base captures (%q); the capture component alone should", side.Args)
+	}
 	// The PodMonitor is the alternative to the ServiceMonitor: wired alone.
 	checkWiring(t, "deploy/kubernetes", o)
 	cfg := o.configMaps[0].Data["tokentap.yaml"]
@@ -478,4 +483,126 @@ func TestHelmChart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The capture component (deploy/kubernetes/capture): a kustomize
+// Component whose JSON patch, applied to the base's Deployment as
+// kustomize applies it (applyJSONPatch: every operation an add), gives a
+// Deployment that still decodes strictly and carries the capture's
+// wiring (checkCapture), its target the base's Deployment.
+func TestKubernetesCaptureComponent(t *testing.T) {
+	dir := filepath.Join(root, "deploy/kubernetes/capture")
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Patches    []struct {
+			Path   string `json:"path"`
+			Target struct {
+				Group   string `json:"group"`
+				Version string `json:"version"`
+				Kind    string `json:"kind"`
+				Name    string `json:"name"`
+			} `json:"target"`
+		} `json:"patches"`
+	}
+	if err := yaml.UnmarshalStrict(b, &k); err != nil || k.Kind != "Component" || k.APIVersion != "kustomize.config.k8s.io/v1alpha1" || len(k.Patches) != 1 {
+		t.Fatalf("capture/kustomization.yaml: %v %+v", err, k)
+	}
+	base, err := os.ReadFile(filepath.Join(root, "deploy/kubernetes/deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decodeAll(t, "deployment.yaml", base)
+	if len(o.deployments) != 1 {
+		t.Fatalf("deployment.yaml: %v", o.kinds)
+	}
+	p := k.Patches[0]
+	if tg := p.Target; tg.Group != "apps" || tg.Version != "v1" || tg.Kind != "Deployment" || tg.Name != o.deployments[0].Name {
+		t.Fatalf("the patch's target %+v, want the base's Deployment %s", tg, o.deployments[0].Name)
+	}
+	patch, err := os.ReadFile(filepath.Join(dir, p.Path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := applyJSONPatch(base, patch)
+	if err != nil {
+		t.Fatalf("applying %s: %v", p.Path, err)
+	}
+	o = decodeAll(t, "deployment.yaml with the capture component", patched)
+	if len(o.deployments) != 1 {
+		t.Fatalf("patched: %v", o.kinds)
+	}
+	checkSidecarPod(t, "deployment.yaml with the capture component", o.deployments[0])
+	checkCapture(t, "deployment.yaml with the capture component", o.deployments[0], "tokentap-capture")
+}
+
+// applyJSONPatch applies the RFC 6902 patch (YAML) to the object doc
+// (YAML) and returns the result (JSON): only "add", the operation the
+// capture component uses, with RFC 6901 paths ("-" appends to an array,
+// an index inserts before it); anything else is an error.
+func applyJSONPatch(doc, patch []byte) ([]byte, error) {
+	var obj any
+	if err := yaml.Unmarshal(doc, &obj); err != nil {
+		return nil, err
+	}
+	var ops []struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	if err := yaml.UnmarshalStrict(patch, &ops); err != nil {
+		return nil, err
+	}
+	for _, op := range ops {
+		if op.Op != "add" || !strings.HasPrefix(op.Path, "/") {
+			return nil, fmt.Errorf("operation %q at %q: only add, at an absolute path", op.Op, op.Path)
+		}
+		var err error
+		if obj, err = addAt(obj, strings.Split(op.Path[1:], "/"), op.Value); err != nil {
+			return nil, fmt.Errorf("add at %s: %w", op.Path, err)
+		}
+	}
+	return json.Marshal(obj)
+}
+
+// addAt adds v at the path's tokens under node and returns the node.
+func addAt(node any, path []string, v any) (any, error) {
+	tok := strings.NewReplacer("~1", "/", "~0", "~").Replace(path[0])
+	last := len(path) == 1
+	switch n := node.(type) {
+	case map[string]any:
+		if last {
+			n[tok] = v
+			return n, nil
+		}
+		child, ok := n[tok]
+		if !ok {
+			return nil, fmt.Errorf("no member %q", tok)
+		}
+		c, err := addAt(child, path[1:], v)
+		n[tok] = c
+		return n, err
+	case []any:
+		i := len(n)
+		if tok != "-" {
+			var err error
+			if i, err = strconv.Atoi(tok); err != nil || i < 0 || i > len(n) {
+				return nil, fmt.Errorf("index %q of an array of %d", tok, len(n))
+			}
+		}
+		if last {
+			return slices.Insert(n, i, v), nil
+		}
+		if i == len(n) {
+			return nil, fmt.Errorf("index %q past the array's end", tok)
+		}
+		c, err := addAt(n[i], path[1:], v)
+		n[i] = c
+		return n, err
+	}
+	return nil, fmt.Errorf("%q under a value that is neither an object nor an array", tok)
 }
