@@ -238,8 +238,15 @@ func (t *tap) cutFrom(ev *stream.Event) (int64, bool) {
 	if ls.ev != ev.Start || ls.relData || ls.line < t.heldOff {
 		return 0, false
 	}
-	raw := t.held[ls.line-t.heldOff : ev.End-t.heldOff]
-	return ls.line + int64(commentPrefix(raw, ls.cr, ls.line == 0)), true
+	// What was forwarded of the event is some of its leading comment
+	// lines, up to heldOff (a line start; after a CR whose LF may come
+	// next when the current line starts there too). The cut starts after
+	// the comment lines held from there: not at the current line, which a
+	// read that ended between the data line's end and the blank line
+	// after it has moved past the data line (FuzzTapStrip: the usage
+	// chunk was forwarded whole, its blank line cut).
+	raw := t.held[:ev.End-t.heldOff]
+	return t.heldOff + int64(commentPrefix(raw, ls.cr && ls.line == t.heldOff, t.heldOff == 0)), true
 }
 
 // commentPrefix returns the length of the comment lines that raw, the

@@ -245,3 +245,27 @@ func FuzzJSONPrefix(f *testing.F) {
 		}
 	})
 }
+
+// The usage chunk after comment lines in its own event is cut wherever
+// the reads end: in one read, a byte at a time, and split at every byte
+// (FuzzTapStrip found reads that ended between the usage line's end and
+// the blank line after it: the comment lines were forwarded, then the
+// cut started at the blank line, and the usage chunk reached the client
+// uncounted). The client gets the comment lines alone, and no give-up
+// is recorded.
+func TestStripUsageAfterCommentsAnyReads(t *testing.T) {
+	for _, eol := range []string{"\n", "\r\n", "\r"} {
+		comments := ":keep-alive" + eol + ":00000000" + eol
+		in := comments + `data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}` + eol + eol
+		splits := [][]int{{1 << 20}, nil} // one read; a byte at a time
+		for k := 1; k < len(in); k++ {
+			splits = append(splits, []int{k, 1 << 20})
+		}
+		for _, sz := range splits {
+			got, tp := runStripTap([]byte(in), sz, 64, nil)
+			if string(got) != comments || tp.st.rec.TapFailed != "" {
+				t.Fatalf("eol %q reads %v: got %q (tap failed %q), want %q", eol, sz, got, tp.st.rec.TapFailed, comments)
+			}
+		}
+	}
+}
