@@ -536,3 +536,35 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 		t.Errorf("the redirect's target was scraped %d times", n)
 	}
 }
+
+// Queued reads the waiting gauge from the last scrape at or before the
+// arrival to the last before the first token; the queue is seen drained
+// at the first later scrape with none waiting.
+func TestQueued(t *testing.T) {
+	h := &history{}
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	s := func(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+	if _, _, known := h.queued(s(0), s(1)); known {
+		t.Fatal("no scrape: known")
+	}
+	for i, w := range []float64{0, 3, 2, 0, 0, math.NaN()} {
+		h.add(sample{t: s(float64(i)), waiting: w, preempt: math.NaN(), kv: math.NaN(), running: 1})
+	}
+	cases := []struct {
+		from, to      float64
+		until         float64
+		queued, known bool
+	}{
+		{0.5, 2.5, 2.5, true, true}, // 3 and 2 waiting, not yet drained before the first token
+		{0.5, 3.5, 3, true, true},   // drained at the scrape at 3 s
+		{1.5, 3.5, 3, true, true},   // the scrape before the arrival had 3 waiting
+		{3.2, 4.5, 4.5, false, true},
+		{-1, 2, 0, false, false}, // no scrape covers the arrival
+	}
+	for _, c := range cases {
+		until, queued, known := h.queued(s(c.from), s(c.to))
+		if queued != c.queued || known != c.known || (known && !until.Equal(s(c.until))) {
+			t.Errorf("queued(%v, %v) = %v, %v, %v; want %v, %v, %v", c.from, c.to, until.Sub(t0), queued, known, c.until, c.queued, c.known)
+		}
+	}
+}

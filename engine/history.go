@@ -189,3 +189,38 @@ func PrefixSource(k Kind) string {
 	}
 	return ""
 }
+
+// Queued says whether the engine reported waiting requests while a
+// request waited for its first token, from its arrival (from) to its
+// first token (to): at the last scrape at or before from, or at any
+// scrape after it and before to. until is when the queue was last seen
+// drained: the first scrape after from (and before to) that reported no
+// waiting request, or to when none did. known is false when no scrape
+// covers from, or the engine exports no queue (docs/measurement.md §9,
+// "queue").
+func (s *Scraper) Queued(from, to time.Time) (until time.Time, queued, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hist.queued(from, to)
+}
+
+func (h *history) queued(from, to time.Time) (until time.Time, queued, known bool) {
+	if len(h.s) == 0 || h.s[0].t.After(from) {
+		return time.Time{}, false, false
+	}
+	until = to
+	for i := h.before(from); i < len(h.s) && h.s[i].t.Before(to); i++ {
+		w := h.s[i].waiting
+		if math.IsNaN(w) {
+			continue
+		}
+		known = true
+		switch {
+		case w > 0:
+			queued = true
+		case queued && h.s[i].t.After(from):
+			return h.s[i].t, true, true
+		}
+	}
+	return until, queued, known
+}

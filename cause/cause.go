@@ -1,0 +1,516 @@
+// Package cause says why a request was slow: a cause for every slow
+// first token and every stall (docs/measurement.md §6b, "Why slow"),
+// attributed when the request ends, off the token path.
+//
+// An Attributor keeps a bounded registry of the recent requests'
+// prefill windows: each request's arrival, prompt size and, once they
+// happen, its first token and its end. Begin adds a request at arrival
+// (one lock, once per request), First stamps its first token (one atomic
+// store, once per request), End stamps its end and attributes its slow
+// events from the registry, the record and the engine's scrapes. Nothing
+// is done per token event.
+//
+// The rules, in the order they are tried (each with its evidence and
+// limits in docs/measurement.md §6b):
+//
+//	first token (TTFT over its SLO's threshold, or over slo.slow_ttft):
+//	  connection          the upstream's set-up phases explain the excess
+//	  queue               the engine reported waiting requests at arrival,
+//	                      or the requests in flight were at engine.max_running
+//	  long_prefill_ahead  an earlier request with a long prompt was still
+//	                      before its first token at this one's arrival
+//	stall (a gap over slo.stall_threshold):
+//	  preemption          the engine's preemption counter advanced across it
+//	  prefill_interference a long prompt's prefill window overlaps it
+//	both:
+//	  unexplained         nothing above holds
+package cause
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokentap/tokentap/config"
+	"github.com/tokentap/tokentap/record"
+)
+
+// The slow events (record.Cause.What).
+const (
+	TTFT  = "ttft"
+	Stall = "stall"
+)
+
+// The causes (record.Cause.Cause): a bounded set, safe as a label.
+const (
+	Connection          = "connection"
+	Queue               = "queue"
+	LongPrefillAhead    = "long_prefill_ahead"
+	PrefillInterference = "prefill_interference"
+	Preemption          = "preemption"
+	Unexplained         = "unexplained"
+)
+
+// Pairs are every (event, cause) pair an event can be given, in the
+// order the metric's series are created: a first token is never put
+// down to a preemption or an interfering prefill (it has not decoded
+// yet), a stall never to the connection, a queue or a prompt ahead.
+var Pairs = [...]struct{ What, Cause string }{
+	{TTFT, Connection}, {TTFT, Queue}, {TTFT, LongPrefillAhead}, {TTFT, Unexplained},
+	{Stall, Preemption}, {Stall, PrefillInterference}, {Stall, Unexplained},
+}
+
+// The rule's constants (docs/measurement.md §6b).
+const (
+	// DefaultRequests is the registry's size when Options.Requests is
+	// 0: the last 1024 arrivals.
+	DefaultRequests = 1024
+	// LongFactor: a prompt is long when its size is at least LongFactor
+	// times the median of the registry's arrivals...
+	LongFactor = 4
+	// LongMinBytes: ...and at least this many bytes (about 500 tokens):
+	// a prompt that short stalls no engine, whatever the median.
+	LongMinBytes = 2048
+)
+
+// Engine is what the engine scraper (engine.Scraper) knows of the
+// engine around a request.
+type Engine interface {
+	// PreemptionsBetween returns how far the engine's preemption counter
+	// advanced across [t0, t1]; ok false when unknown.
+	PreemptionsBetween(t0, t1 time.Time) (n int, ok bool)
+	// Queued says whether the engine reported waiting requests between
+	// from and to, and when the queue was last seen drained.
+	Queued(from, to time.Time) (until time.Time, queued, known bool)
+}
+
+// Options configure an Attributor. The zero value attributes stalls
+// over 1s and first tokens over no threshold (none is slow), with no
+// engine and no declared capacity.
+type Options struct {
+	// SLO gives the thresholds: each objective's ttft, slow_ttft for a
+	// request no objective with a ttft holds, and the stall threshold.
+	SLO config.SLO
+	// MaxRunning is the engine's declared capacity, its max running
+	// sequences (engine.max_running); 0: unknown, the queue rule then
+	// rests on the engine's waiting gauge alone.
+	MaxRunning int
+	// Engine is the engine scraper; nil: none (no queue gauge, no
+	// preemptions).
+	Engine Engine
+	// Requests bounds the registry (0: DefaultRequests).
+	Requests int
+}
+
+// Attributor attributes slow events. Its methods are safe for
+// concurrent use.
+type Attributor struct {
+	o    Options
+	ttft map[string]time.Duration // objective → its ttft threshold, when it has one
+
+	mu   sync.Mutex
+	ring []*entry // the last len(ring) arrivals, oldest overwritten
+	next int      // the slot the next arrival takes
+}
+
+// entry is one request in the registry. id, arrive and size never
+// change; first and end are stamped once each, atomically.
+type entry struct {
+	id     string
+	arrive time.Time
+	size   int64        // the prompt's size in body bytes
+	first  atomic.Int64 // the first token's offset from arrive, +1; 0: none yet
+	end    atomic.Int64 // the end's offset from arrive, +1; 0: running
+}
+
+func stamp(v *atomic.Int64, arrive, t time.Time) {
+	v.CompareAndSwap(0, int64(max(t.Sub(arrive), 0))+1)
+}
+
+func (e *entry) at(v *atomic.Int64) (time.Time, bool) {
+	n := v.Load()
+	if n == 0 {
+		return time.Time{}, false
+	}
+	return e.arrive.Add(time.Duration(n - 1)), true
+}
+
+// New returns an attributor; o.SLO must be valid (its zero fields take
+// their defaults).
+func New(o Options) *Attributor {
+	o.SLO = o.SLO.WithDefaults()
+	if o.Requests <= 0 {
+		o.Requests = DefaultRequests
+	}
+	a := &Attributor{o: o, ttft: map[string]time.Duration{}, ring: make([]*entry, o.Requests)}
+	for _, ob := range o.SLO.Objectives {
+		if ob.Thresholds.TTFT > 0 {
+			a.ttft[ob.Name] = ob.Thresholds.TTFT
+		}
+	}
+	return a
+}
+
+// Tracked is one request in the registry: First at its first token, End
+// once it has ended. (An alias: pipeline.CauseEntry is the same type.)
+type Tracked = interface {
+	First(t time.Time)
+	End(rec *record.Record)
+}
+
+// Begin adds a request to the registry at its arrival: rec has its id
+// and arrival set; promptBytes is its prompt's size in request body
+// bytes (0 or negative: a request that occupies no sequence, not
+// tracked: nil).
+func (a *Attributor) Begin(rec *record.Record, promptBytes int64) Tracked {
+	if promptBytes <= 0 {
+		return nil
+	}
+	e := &entry{id: rec.ID, arrive: rec.Arrive, size: promptBytes}
+	a.mu.Lock()
+	a.ring[a.next] = e
+	a.next = (a.next + 1) % len(a.ring)
+	a.mu.Unlock()
+	return &tracked{a: a, e: e}
+}
+
+type tracked struct {
+	a *Attributor
+	e *entry
+}
+
+// First stamps the request's first token (once; later calls do
+// nothing).
+func (t *tracked) First(at time.Time) { stamp(&t.e.first, t.e.arrive, at) }
+
+// End stamps the request's end and sets rec.Causes and rec.CausesCut:
+// rec is finished and judged (its verdicts and stall count set).
+func (t *tracked) End(rec *record.Record) {
+	end := rec.Terminal
+	if end.IsZero() {
+		end = rec.LastToken
+	}
+	if end.IsZero() {
+		end = rec.Arrive
+	}
+	stamp(&t.e.end, t.e.arrive, end)
+	if !rec.FirstToken.IsZero() {
+		stamp(&t.e.first, t.e.arrive, rec.FirstToken)
+	}
+	t.a.attribute(rec, t.e)
+}
+
+// view is a request of the registry as one attribution sees it.
+type view struct {
+	id           string
+	arrive       time.Time
+	size         int64
+	first, end   time.Time
+	hasFirst, up bool // up: still running when looked at
+}
+
+// snapshot copies the registry's requests that were alive at some time
+// in [from, to] (arrived by to, not ended before from), but self, and
+// returns the median prompt size of the whole registry (0 when it holds
+// none).
+func (a *Attributor) snapshot(self *entry, from, to time.Time) (vs []view, median int64) {
+	a.mu.Lock()
+	es := make([]*entry, 0, len(a.ring))
+	for _, e := range a.ring {
+		if e != nil {
+			es = append(es, e)
+		}
+	}
+	a.mu.Unlock()
+	sizes := make([]int64, 0, len(es))
+	for _, e := range es {
+		sizes = append(sizes, e.size)
+		if e == self || e.arrive.After(to) {
+			continue
+		}
+		v := view{id: e.id, arrive: e.arrive, size: e.size}
+		v.first, v.hasFirst = e.at(&e.first)
+		var ended bool
+		v.end, ended = e.at(&e.end)
+		v.up = !ended
+		if ended && v.end.Before(from) {
+			continue
+		}
+		vs = append(vs, v)
+	}
+	if len(sizes) > 0 {
+		slices.Sort(sizes)
+		median = sizes[(len(sizes)-1)/2] // the lower median
+	}
+	return vs, median
+}
+
+// long reports whether a prompt of size bytes is long against median.
+func long(size, median int64) bool { return size >= LongMinBytes && size >= LongFactor*median }
+
+// attribute sets rec.Causes and rec.CausesCut from the registry (self
+// is rec's own entry) and the engine: End's work, once per finished,
+// judged record.
+func (a *Attributor) attribute(rec *record.Record, self *entry) {
+	rec.Causes, rec.CausesCut = nil, 0
+	if !rec.Stream || rec.FirstToken.IsZero() || rec.Arrive.IsZero() {
+		return
+	}
+	ttft := rec.FirstToken.Sub(rec.Arrive)
+	th, slowFirst := a.ttftThreshold(rec)
+	slowFirst = slowFirst && ttft > th
+	stalls := a.stalls(rec)
+	if !slowFirst && len(stalls) == 0 {
+		return
+	}
+	end := rec.Terminal
+	if end.IsZero() {
+		end = rec.LastToken
+	}
+	vs, median := a.snapshot(self, rec.Arrive, end)
+	if slowFirst {
+		rec.Causes = append(rec.Causes, a.firstToken(rec, th, vs, median))
+	}
+	for _, s := range stalls {
+		if len(rec.Causes) >= record.MaxCauses {
+			rec.CausesCut++
+			continue
+		}
+		rec.Causes = append(rec.Causes, a.stall(s[0], s[1], vs, median))
+	}
+}
+
+// ttftThreshold returns the first token's threshold: the smallest ttft
+// of the objectives that judged rec, else slo.slow_ttft; ok false when
+// neither sets one.
+func (a *Attributor) ttftThreshold(rec *record.Record) (time.Duration, bool) {
+	var th time.Duration
+	for i := range rec.SLO {
+		if t := a.ttft[rec.SLO[i].Name]; t > 0 && (th == 0 || t < th) {
+			th = t
+		}
+	}
+	if th == 0 {
+		th = a.o.SLO.SlowTTFT
+	}
+	return th, th > 0
+}
+
+// stalls returns the start and end of every gap over the stall
+// threshold, in time order; with several choices, the gaps of each
+// choice (record.Record.Gaps).
+func (a *Attributor) stalls(rec *record.Record) [][2]time.Time {
+	th := a.o.SLO.StallThreshold
+	var out [][2]time.Time
+	add := func(from, to time.Duration) {
+		if to-from > th {
+			out = append(out, [2]time.Time{rec.Arrive.Add(from), rec.Arrive.Add(to)})
+		}
+	}
+	if rec.Choices == nil {
+		for i := 1; i < len(rec.TokenAt); i++ {
+			add(rec.TokenAt[i-1], rec.TokenAt[i])
+		}
+		return out
+	}
+	last := map[uint8]time.Duration{}
+	for i, at := range rec.TokenAt {
+		if i >= len(rec.EventChoice) {
+			break
+		}
+		c := rec.EventChoice[i]
+		if c == record.UntrackedChoice {
+			continue
+		}
+		if prev, ok := last[c]; ok {
+			add(prev, at)
+		}
+		last[c] = at
+	}
+	slices.SortFunc(out, func(x, y [2]time.Time) int { return x[0].Compare(y[0]) })
+	return out
+}
+
+// firstToken attributes a slow first token: TTFT over th.
+func (a *Attributor) firstToken(rec *record.Record, th time.Duration, vs []view, median int64) record.Cause {
+	f := rec.FirstToken
+	ttft := f.Sub(rec.Arrive)
+	excess := ttft - th
+	best := record.Cause{What: TTFT, Cause: Unexplained, Ms: ms(ttft)}
+	var bestD time.Duration
+	consider := func(name string, d time.Duration, ref string) {
+		// A cause must explain at least half the excess; the one that
+		// explains the most wins (ties: the order tried).
+		if d > 0 && 2*d >= excess && d > bestD {
+			best, bestD = record.Cause{What: TTFT, Cause: name, Ms: ms(d), Ref: ref}, d
+		}
+	}
+	// connection: the set-up phases before the request reached the engine.
+	consider(Connection, setup(&rec.Upstream), "")
+	// queue: the engine's gauge, or the requests in flight at capacity.
+	if d, ref := a.queue(rec.Arrive, f, vs); d > 0 {
+		consider(Queue, d, ref)
+	}
+	// long_prefill_ahead: earlier arrivals with long prompts still
+	// before their first token at this one's arrival.
+	var until time.Time
+	var ref string
+	var refSize int64
+	for i := range vs {
+		v := &vs[i]
+		if !v.arrive.Before(rec.Arrive) || (v.hasFirst && !v.first.After(rec.Arrive)) || !long(v.size, median) {
+			continue
+		}
+		if !v.hasFirst && !v.up && v.end.Before(rec.Arrive) {
+			continue // ended before this arrival without a token
+		}
+		u := f
+		if v.hasFirst && v.first.Before(f) {
+			u = v.first
+		}
+		if u.After(until) || (u.Equal(until) && v.size > refSize) {
+			until, ref, refSize = u, v.id, v.size
+		}
+	}
+	if ref != "" {
+		consider(LongPrefillAhead, until.Sub(rec.Arrive), ref)
+	}
+	return best
+}
+
+// queue returns how long the queue explains of a first token's wait
+// [arrive, f] and the request it points to: with the engine's gauge,
+// from the arrival until the queue was seen drained; with the requests
+// in flight at the declared capacity, until the first of them ended
+// (a sequence freed), pointing to it. 0 when neither holds.
+func (a *Attributor) queue(arrive, f time.Time, vs []view) (time.Duration, string) {
+	var d time.Duration
+	var ref string
+	if a.o.MaxRunning > 0 {
+		inflight := 0
+		var freed time.Time
+		for i := range vs {
+			v := &vs[i]
+			if !v.arrive.Before(arrive) || (!v.up && !v.end.After(arrive)) {
+				continue
+			}
+			inflight++
+			if !v.up && (freed.IsZero() || v.end.Before(freed)) {
+				freed, ref = v.end, v.id
+			}
+		}
+		// At capacity, and a sequence freed before the first token:
+		// a freed one after it would say the engine had room after all.
+		if inflight >= a.o.MaxRunning && !freed.IsZero() && !freed.After(f) {
+			d = freed.Sub(arrive)
+		} else {
+			ref = ""
+		}
+	}
+	if a.o.Engine != nil {
+		if until, queued, known := a.o.Engine.Queued(arrive, f); known && queued {
+			if until.After(f) {
+				until = f
+			}
+			if g := until.Sub(arrive); g > d {
+				d, ref = g, ""
+			}
+		}
+	}
+	return d, ref
+}
+
+// stall attributes one stall [from, to].
+func (a *Attributor) stall(from, to time.Time, vs []view, median int64) record.Cause {
+	gap := to.Sub(from)
+	c := record.Cause{What: Stall, Cause: Unexplained, Ms: ms(gap), At: from}
+	if a.o.Engine != nil {
+		if n, ok := a.o.Engine.PreemptionsBetween(from, to); ok && n > 0 {
+			c.Cause = Preemption
+			return c
+		}
+	}
+	// The long prompts' prefill windows (arrival to first token, or to
+	// now when none yet) that overlap the stall: their union's overlap.
+	type span struct {
+		from, to time.Time
+		id       string
+		size     int64
+	}
+	var spans []span
+	for i := range vs {
+		v := &vs[i]
+		if !long(v.size, median) || !v.arrive.Before(to) {
+			continue
+		}
+		end := to
+		switch {
+		case v.hasFirst:
+			end = v.first
+		case !v.up:
+			end = v.end
+		}
+		s := span{from: maxTime(v.arrive, from), to: minTime(end, to), id: v.id, size: v.size}
+		if s.to.After(s.from) {
+			spans = append(spans, s)
+		}
+	}
+	if len(spans) == 0 {
+		return c
+	}
+	slices.SortFunc(spans, func(x, y span) int { return x.from.Compare(y.from) })
+	var covered time.Duration
+	var cur span
+	ref, refD, refSize := "", time.Duration(-1), int64(0)
+	for i, s := range spans {
+		if d := s.to.Sub(s.from); d > refD || (d == refD && s.size > refSize) {
+			ref, refD, refSize = s.id, d, s.size
+		}
+		switch {
+		case i == 0:
+			cur = s
+		case !s.from.After(cur.to):
+			cur.to = maxTime(cur.to, s.to)
+		default:
+			covered += cur.to.Sub(cur.from)
+			cur = s
+		}
+	}
+	covered += cur.to.Sub(cur.from)
+	if 2*covered >= gap { // the prefills cover at least half the stall
+		c.Cause, c.Ms, c.Ref = PrefillInterference, ms(covered), ref
+	}
+	return c
+}
+
+// setup is the upstream's set-up: the wait for a connection (a new
+// one's DNS, connect and TLS included), else their sum.
+func setup(u *record.Upstream) time.Duration {
+	if d, ok := u.Phase(record.UpConnWait); ok {
+		return d
+	}
+	var s time.Duration
+	for _, b := range [...]uint8{record.UpDNS, record.UpConnect, record.UpTLS} {
+		if d, ok := u.Phase(b); ok {
+			s += d
+		}
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
