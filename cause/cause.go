@@ -109,9 +109,13 @@ type Attributor struct {
 	o    Options
 	ttft map[string]time.Duration // objective → its ttft threshold, when it has one
 
-	mu   sync.Mutex
-	ring []*entry // the last len(ring) arrivals, oldest overwritten
-	next int      // the slot the next arrival takes
+	mu       sync.Mutex
+	ring     []*entry // the last len(ring) arrivals, oldest overwritten
+	next     int      // the slot the next arrival takes
+	arrivals int      // arrivals counted since the start
+	median   int64    // the registry's median prompt size (scan), as of medianAt arrivals
+	medianAt int
+	sizes    []int64 // scan's scratch
 }
 
 // entry is one request in the registry. id, arrive and size never
@@ -171,6 +175,7 @@ func (a *Attributor) Begin(rec *record.Record, promptBytes int64) Tracked {
 	a.mu.Lock()
 	a.ring[a.next] = e
 	a.next = (a.next + 1) % len(a.ring)
+	a.arrivals++
 	a.mu.Unlock()
 	return &tracked{a: a, e: e}
 }
@@ -201,7 +206,8 @@ func (t *tracked) End(rec *record.Record) {
 	t.a.attribute(rec, t.e)
 }
 
-// view is a request of the registry as one attribution sees it.
+// view is a long-prompt request of the registry as one attribution
+// sees it.
 type view struct {
 	id           string
 	arrive       time.Time
@@ -210,40 +216,64 @@ type view struct {
 	hasFirst, up bool // up: still running when looked at
 }
 
-// snapshot copies the registry's requests that were alive at some time
-// in [from, to] (arrived by to, not ended before from), but self, and
-// returns the median prompt size of the whole registry (0 when it holds
-// none).
-func (a *Attributor) snapshot(self *entry, from, to time.Time) (vs []view, median int64) {
+// scene is what one attribution reads from the registry: the long
+// prompts alive at some time in [from, to] (arrived by to, not ended
+// before from), and, for the queue rule, the requests in flight at the
+// arrival and the first of them to end.
+type scene struct {
+	long     []view
+	inflight int       // requests in flight at from (rec's arrival), rec aside
+	freed    time.Time // the first end among them, zero when none ended
+	freedID  string
+}
+
+// medianEvery is how many arrivals the cached median of prompt sizes
+// serves before it is computed again.
+const medianEvery = 64
+
+// scan reads the registry for an attribution of self's record, alive
+// over [from, to], under the registry's lock: one pass over the ring,
+// and the median of its prompt sizes, computed again every medianEvery
+// arrivals.
+func (a *Attributor) scan(self *entry, from, to time.Time) scene {
 	a.mu.Lock()
-	es := make([]*entry, 0, len(a.ring))
+	defer a.mu.Unlock()
+	if a.arrivals-a.medianAt >= medianEvery || a.medianAt == 0 {
+		a.sizes = a.sizes[:0]
+		for _, e := range a.ring {
+			if e != nil {
+				a.sizes = append(a.sizes, e.size)
+			}
+		}
+		slices.Sort(a.sizes)
+		if len(a.sizes) > 0 {
+			a.median = a.sizes[(len(a.sizes)-1)/2] // the lower median
+		}
+		a.medianAt = max(a.arrivals, 1)
+	}
+	var sc scene
 	for _, e := range a.ring {
-		if e != nil {
-			es = append(es, e)
-		}
-	}
-	a.mu.Unlock()
-	sizes := make([]int64, 0, len(es))
-	for _, e := range es {
-		sizes = append(sizes, e.size)
-		if e == self || e.arrive.After(to) {
+		if e == nil || e == self || e.arrive.After(to) {
 			continue
 		}
-		v := view{id: e.id, arrive: e.arrive, size: e.size}
+		end, ended := e.at(&e.end)
+		if ended && end.Before(from) {
+			continue
+		}
+		if e.arrive.Before(from) && (!ended || end.After(from)) {
+			sc.inflight++
+			if ended && (sc.freed.IsZero() || end.Before(sc.freed)) {
+				sc.freed, sc.freedID = end, e.id
+			}
+		}
+		if !long(e.size, a.median) {
+			continue
+		}
+		v := view{id: e.id, arrive: e.arrive, size: e.size, end: end, up: !ended}
 		v.first, v.hasFirst = e.at(&e.first)
-		var ended bool
-		v.end, ended = e.at(&e.end)
-		v.up = !ended
-		if ended && v.end.Before(from) {
-			continue
-		}
-		vs = append(vs, v)
+		sc.long = append(sc.long, v)
 	}
-	if len(sizes) > 0 {
-		slices.Sort(sizes)
-		median = sizes[(len(sizes)-1)/2] // the lower median
-	}
-	return vs, median
+	return sc
 }
 
 // long reports whether a prompt of size bytes is long against median.
@@ -268,16 +298,16 @@ func (a *Attributor) attribute(rec *record.Record, self *entry) {
 	if end.IsZero() {
 		end = rec.LastToken
 	}
-	vs, median := a.snapshot(self, rec.Arrive, end)
+	sc := a.scan(self, rec.Arrive, end)
 	if slowFirst {
-		rec.Causes = append(rec.Causes, a.firstToken(rec, th, vs, median))
+		rec.Causes = append(rec.Causes, a.firstToken(rec, th, &sc))
 	}
 	for _, s := range stalls {
 		if len(rec.Causes) >= record.MaxCauses {
 			rec.CausesCut++
 			continue
 		}
-		rec.Causes = append(rec.Causes, a.stall(s[0], s[1], vs, median))
+		rec.Causes = append(rec.Causes, a.stall(s[0], s[1], sc.long))
 	}
 }
 
@@ -333,7 +363,7 @@ func (a *Attributor) stalls(rec *record.Record) [][2]time.Time {
 }
 
 // firstToken attributes a slow first token: TTFT over th.
-func (a *Attributor) firstToken(rec *record.Record, th time.Duration, vs []view, median int64) record.Cause {
+func (a *Attributor) firstToken(rec *record.Record, th time.Duration, sc *scene) record.Cause {
 	f := rec.FirstToken
 	ttft := f.Sub(rec.Arrive)
 	excess := ttft - th
@@ -349,7 +379,7 @@ func (a *Attributor) firstToken(rec *record.Record, th time.Duration, vs []view,
 	// connection: the set-up phases before the request reached the engine.
 	consider(Connection, setup(&rec.Upstream), "")
 	// queue: the engine's gauge, or the requests in flight at capacity.
-	if d, ref := a.queue(rec.Arrive, f, vs); d > 0 {
+	if d, ref := a.queue(rec.Arrive, f, sc); d > 0 {
 		consider(Queue, d, ref)
 	}
 	// long_prefill_ahead: earlier arrivals with long prompts still
@@ -357,9 +387,9 @@ func (a *Attributor) firstToken(rec *record.Record, th time.Duration, vs []view,
 	var until time.Time
 	var ref string
 	var refSize int64
-	for i := range vs {
-		v := &vs[i]
-		if !v.arrive.Before(rec.Arrive) || (v.hasFirst && !v.first.After(rec.Arrive)) || !long(v.size, median) {
+	for i := range sc.long {
+		v := &sc.long[i]
+		if !v.arrive.Before(rec.Arrive) || (v.hasFirst && !v.first.After(rec.Arrive)) {
 			continue
 		}
 		if !v.hasFirst && !v.up && v.end.Before(rec.Arrive) {
@@ -384,29 +414,13 @@ func (a *Attributor) firstToken(rec *record.Record, th time.Duration, vs []view,
 // from the arrival until the queue was seen drained; with the requests
 // in flight at the declared capacity, until the first of them ended
 // (a sequence freed), pointing to it. 0 when neither holds.
-func (a *Attributor) queue(arrive, f time.Time, vs []view) (time.Duration, string) {
+func (a *Attributor) queue(arrive, f time.Time, sc *scene) (time.Duration, string) {
 	var d time.Duration
 	var ref string
-	if a.o.MaxRunning > 0 {
-		inflight := 0
-		var freed time.Time
-		for i := range vs {
-			v := &vs[i]
-			if !v.arrive.Before(arrive) || (!v.up && !v.end.After(arrive)) {
-				continue
-			}
-			inflight++
-			if !v.up && (freed.IsZero() || v.end.Before(freed)) {
-				freed, ref = v.end, v.id
-			}
-		}
-		// At capacity, and a sequence freed before the first token:
-		// a freed one after it would say the engine had room after all.
-		if inflight >= a.o.MaxRunning && !freed.IsZero() && !freed.After(f) {
-			d = freed.Sub(arrive)
-		} else {
-			ref = ""
-		}
+	// At capacity, and a sequence freed before the first token: a freed
+	// one after it would say the engine had room after all.
+	if n := a.o.MaxRunning; n > 0 && sc.inflight >= n && !sc.freed.IsZero() && !sc.freed.After(f) {
+		d, ref = sc.freed.Sub(arrive), sc.freedID
 	}
 	if a.o.Engine != nil {
 		if until, queued, known := a.o.Engine.Queued(arrive, f); known && queued {
@@ -422,7 +436,7 @@ func (a *Attributor) queue(arrive, f time.Time, vs []view) (time.Duration, strin
 }
 
 // stall attributes one stall [from, to].
-func (a *Attributor) stall(from, to time.Time, vs []view, median int64) record.Cause {
+func (a *Attributor) stall(from, to time.Time, vs []view) record.Cause {
 	gap := to.Sub(from)
 	c := record.Cause{What: Stall, Cause: Unexplained, Ms: ms(gap), At: from}
 	if a.o.Engine != nil {
@@ -441,7 +455,7 @@ func (a *Attributor) stall(from, to time.Time, vs []view, median int64) record.C
 	var spans []span
 	for i := range vs {
 		v := &vs[i]
-		if !long(v.size, median) || !v.arrive.Before(to) {
+		if !v.arrive.Before(to) {
 			continue
 		}
 		end := to
