@@ -362,77 +362,79 @@ func (a *Attributor) stalls(rec *record.Record) [][2]time.Time {
 	return out
 }
 
-// firstToken attributes a slow first token: TTFT over th.
+// firstToken attributes a slow first token: TTFT over th. A cause must
+// explain at least half the excess over th. Of the engine's causes a
+// long prefill ahead comes before the queue: it is the more specific
+// evidence (it names the request), and the engine's queue during a long
+// prefill is that prefill's queue. The connection wins when it explains
+// more than the engine's cause.
 func (a *Attributor) firstToken(rec *record.Record, th time.Duration, sc *scene) record.Cause {
 	f := rec.FirstToken
 	ttft := f.Sub(rec.Arrive)
 	excess := ttft - th
-	best := record.Cause{What: TTFT, Cause: Unexplained, Ms: ms(ttft)}
-	var bestD time.Duration
-	consider := func(name string, d time.Duration, ref string) {
-		// A cause must explain at least half the excess; the one that
-		// explains the most wins (ties: the order tried).
-		if d > 0 && 2*d >= excess && d > bestD {
-			best, bestD = record.Cause{What: TTFT, Cause: name, Ms: ms(d), Ref: ref}, d
-		}
+	explains := func(d time.Duration) bool { return d > 0 && 2*d >= excess }
+	c := record.Cause{What: TTFT, Cause: Unexplained, Ms: ms(ttft)}
+	var engineD time.Duration
+	if d, ref := a.longAhead(rec.Arrive, f, sc); explains(d) {
+		c.Cause, c.Ms, c.Ref, engineD = LongPrefillAhead, ms(d), ref, d
+	} else if d, ref := a.queue(rec.Arrive, f, sc); explains(d) {
+		c.Cause, c.Ms, c.Ref, engineD = Queue, ms(d), ref, d
 	}
-	// connection: the set-up phases before the request reached the engine.
-	consider(Connection, setup(&rec.Upstream), "")
-	// queue: the engine's gauge, or the requests in flight at capacity.
-	if d, ref := a.queue(rec.Arrive, f, sc); d > 0 {
-		consider(Queue, d, ref)
+	if d := setup(&rec.Upstream); explains(d) && d > engineD {
+		c.Cause, c.Ms, c.Ref = Connection, ms(d), ""
 	}
-	// long_prefill_ahead: earlier arrivals with long prompts still
-	// before their first token at this one's arrival.
+	return c
+}
+
+// longAhead returns how long the long prompts ahead explain of a first
+// token's wait [arrive, f]: the earlier arrivals with long prompts still
+// before their first token at arrive, until the last of their first
+// tokens (or f, or its end when one ended without), pointing to that one
+// (ties: the longest prompt). 0 when there is none.
+func (a *Attributor) longAhead(arrive, f time.Time, sc *scene) (time.Duration, string) {
 	var until time.Time
 	var ref string
 	var refSize int64
 	for i := range sc.long {
 		v := &sc.long[i]
-		if !v.arrive.Before(rec.Arrive) || (v.hasFirst && !v.first.After(rec.Arrive)) {
+		if !v.arrive.Before(arrive) || (v.hasFirst && !v.first.After(arrive)) || (!v.hasFirst && !v.up && !v.end.After(arrive)) {
 			continue
 		}
-		if !v.hasFirst && !v.up && v.end.Before(rec.Arrive) {
-			continue // ended before this arrival without a token
-		}
 		u := f
-		if v.hasFirst && v.first.Before(f) {
+		switch {
+		case v.hasFirst && v.first.Before(f):
 			u = v.first
+		case !v.hasFirst && !v.up && v.end.Before(f):
+			u = v.end
 		}
 		if u.After(until) || (u.Equal(until) && v.size > refSize) {
 			until, ref, refSize = u, v.id, v.size
 		}
 	}
-	if ref != "" {
-		consider(LongPrefillAhead, until.Sub(rec.Arrive), ref)
+	if ref == "" {
+		return 0, ""
 	}
-	return best
+	return until.Sub(arrive), ref
 }
 
 // queue returns how long the queue explains of a first token's wait
-// [arrive, f] and the request it points to: with the engine's gauge,
-// from the arrival until the queue was seen drained; with the requests
-// in flight at the declared capacity, until the first of them ended
-// (a sequence freed), pointing to it. 0 when neither holds.
+// [arrive, f] and the request it points to: with the requests in flight
+// at the declared capacity, until the first of them ended (a sequence
+// freed), pointing to it; else, with the engine's gauge, from the
+// arrival until the queue was seen drained, pointing to none. 0 when
+// neither holds.
 func (a *Attributor) queue(arrive, f time.Time, sc *scene) (time.Duration, string) {
-	var d time.Duration
-	var ref string
 	// At capacity, and a sequence freed before the first token: a freed
 	// one after it would say the engine had room after all.
 	if n := a.o.MaxRunning; n > 0 && sc.inflight >= n && !sc.freed.IsZero() && !sc.freed.After(f) {
-		d, ref = sc.freed.Sub(arrive), sc.freedID
+		return sc.freed.Sub(arrive), sc.freedID
 	}
 	if a.o.Engine != nil {
 		if until, queued, known := a.o.Engine.Queued(arrive, f); known && queued {
-			if until.After(f) {
-				until = f
-			}
-			if g := until.Sub(arrive); g > d {
-				d, ref = g, ""
-			}
+			return minTime(until, f).Sub(arrive), ""
 		}
 	}
-	return d, ref
+	return 0, ""
 }
 
 // stall attributes one stall [from, to].

@@ -330,3 +330,22 @@ func TestRegistryBounded(t *testing.T) {
 		t.Fatal("a request with no prompt was tracked")
 	}
 }
+
+func TestPrecedence(t *testing.T) {
+	// The engine's queue during a long prefill ahead is that prefill's:
+	// long_prefill_ahead, naming it.
+	eng := &fakeEngine{queue: [][2]time.Time{{at(-100), at(1900)}}}
+	reqs := append(background(20),
+		req{id: "L", arrive: -200, first: 1800, end: 5000, bytes: 40000},
+		req{id: "a", arrive: 0, first: 2000, end: 2100, bytes: 200, slo: "chat"})
+	recs := run(t, Options{SLO: sloTTFT(time.Second), Engine: eng}, reqs...)
+	if got := causes(recs["a"]); got != "ttft:long_prefill_ahead→L/1800" {
+		t.Errorf("long prefill and the engine's queue: got %q", got)
+	}
+	// A connection that explains more than the engine's cause wins.
+	reqs[len(reqs)-1] = req{id: "a", arrive: 0, first: 4000, end: 4100, bytes: 200, slo: "chat", connWait: 2200 * time.Millisecond}
+	recs = run(t, Options{SLO: sloTTFT(time.Second), Engine: eng}, reqs...)
+	if got := causes(recs["a"]); got != "ttft:connection/2200" {
+		t.Errorf("a 2.2 s connection against a 1.8 s prefill ahead: got %q", got)
+	}
+}
