@@ -19,13 +19,13 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 // req is one scripted request: its arrival, first token and end in ms,
 // its prompt's bytes, and its token events after the first (ms).
 type req struct {
-	id                   string
-	arrive, first, end   int
-	bytes                int64
-	tokens               []int // token event instants after the first, ms
-	slo                  string
-	connWait             time.Duration
-	stream, noFirstToken bool
+	id                 string
+	arrive, first, end int
+	bytes              int64
+	tokens             []int // token event instants after the first, ms
+	slo                string
+	connWait           time.Duration
+	noFirstToken       bool
 }
 
 func (q req) record() *record.Record {
@@ -100,9 +100,8 @@ func run(t *testing.T, o Options, reqs ...req) map[string]*record.Record {
 	}
 	recs := map[string]*record.Record{}
 	tracked := map[int]Tracked{}
-	for i, q := range reqs {
+	for _, q := range reqs {
 		recs[q.id] = q.record()
-		_ = i
 	}
 	for _, e := range evs {
 		q := reqs[e.i]

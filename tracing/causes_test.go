@@ -59,7 +59,7 @@ func TestSpanSlowCauses(t *testing.T) {
 	got := map[string]string{}
 	for _, ev := range client.Events() {
 		for _, kv := range ev.Attributes {
-			got[ev.Name+" "+string(kv.Key)] = kv.Value.Emit()
+			got[ev.Name+" "+string(kv.Key)] = kv.Value.String()
 		}
 	}
 	for k, want := range map[string]string{
