@@ -10,7 +10,9 @@
 //     and that step also pays its prefill (PrefillBase + PrefillPerToken ×
 //     prompt tokens), so TTFT grows with prompt length and with queueing
 //     past the batch size, and every running sequence feels the prefill of
-//     the others (head-of-line blocking, as in a real engine);
+//     the others (head-of-line blocking, as in a real engine); with
+//     PrefillChunkTokens (chunked prefill) a step prefills at most that
+//     many prompt tokens and the first token comes with the last chunk;
 //   - each decode step takes DecodeBase + DecodePerSeq × running sequences,
 //     with relative Jitter, so per-token time grows with batch occupancy;
 //   - a step stalls (StallDuration) with probability StallProb, like a
@@ -35,7 +37,12 @@
 //     with the next token(s), like vLLM's output coalescing;
 //   - with probability ErrorProb a request fails mid-stream with an error
 //     event after HTTP 200, as vLLM does;
-//   - the usage chunk comes when stream_options.include_usage asks for it.
+//   - the usage chunk comes when stream_options.include_usage asks for it;
+//   - the ground truth of every delay (truth.go): each step's time is
+//     accounted to each sequence waiting for a token, by cause (queue,
+//     another's prefill, preemption, a hiccup, a connection Dialer made
+//     slow), and Truth returns it per request and per stall, keyed by the
+//     client's X-Request-Id; CausesScenario mixes them all (scenario.go).
 package simengine
 
 import (

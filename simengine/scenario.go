@@ -37,7 +37,7 @@ type ScenarioRequest struct {
 	PromptTokens, MaxTokens int
 }
 
-// Path is where a ScenarioRequest is sent.
+// ScenarioPath is where a ScenarioRequest is sent.
 const ScenarioPath = "/v1/completions"
 
 // Body is the request's JSON body: a streamed completion whose prompt is

@@ -92,7 +92,7 @@ func runScenario(t *testing.T, sc Scenario) []Truth {
 		var wg sync.WaitGroup
 		errs := make(chan error, len(sc.Requests))
 		for _, r := range sc.Requests {
-			time.Sleep(start.Add(r.At).Sub(time.Now()))
+			time.Sleep(time.Until(start.Add(r.At)))
 			wg.Go(func() {
 				req, _ := http.NewRequest("POST", "http://sim"+ScenarioPath, strings.NewReader(r.Body()))
 				req.Header.Set("X-Request-Id", r.ID)
