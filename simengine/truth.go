@@ -51,11 +51,12 @@ const (
 )
 
 // truthLogSize bounds Engine.Truth's log (requests) and maxTruthStalls
-// each request's stalls in it; dialLogSize bounds the connections whose
+// each request's stalls in it (at most about 10 MiB together: the
+// simulator always keeps it); dialLogSize bounds the connections whose
 // delay waits for their first request (Engine.Dialer).
 const (
-	truthLogSize   = 8192
-	maxTruthStalls = 64
+	truthLogSize   = 4096
+	maxTruthStalls = 32
 	dialLogSize    = 4096
 )
 
@@ -83,7 +84,7 @@ type Truth struct {
 	// own work, one per cause, largest first.
 	TTFTDelays []TruthDelay
 	// Stalls are the gaps between two of its tokens that took longer than
-	// the decode step that produced the second, oldest first, at most 64
+	// the decode step that produced the second, oldest first, at most 32
 	// (StallsDropped counts the rest). Tokens are the engine's, before
 	// MultiTokenProb coalesces their events.
 	Stalls        []TruthStall
@@ -114,7 +115,7 @@ type TruthStall struct {
 }
 
 // Truth returns the ground truth of the last requests the engine accepted
-// (at most 8192), in the order they arrived; a running request's entry
+// (at most 4096), in the order they arrived; a running request's entry
 // has what it knows so far. Requests refused (429, 400) have none.
 func (e *Engine) Truth() []Truth {
 	e.mu.Lock()

@@ -274,7 +274,7 @@ func TestPreemptionTruth(t *testing.T) {
 	})
 }
 
-// The truth log keeps the last 8192 requests, oldest first.
+// The truth log keeps the last 4096 requests, oldest first.
 func TestTruthLogBounded(t *testing.T) {
 	e := NewEngine(quiet())
 	for i := range truthLogSize + 3 {
@@ -348,4 +348,32 @@ func TestValidRequestID(t *testing.T) {
 			t.Errorf("validRequestID(%q) = %v", id, !ok)
 		}
 	}
+}
+
+// Every step hiccups (StallProb 1, 1 s): each of a lone sequence's 39
+// gaps is a stall of 1.025 s, 1 s of it unexplained; the first 32 are
+// kept, 7 counted.
+func TestHiccupStallsAndTheirBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := quiet()
+		cfg.StallProb = 1
+		e := NewEngine(cfg)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go e.Run(ctx)
+		<-drain(submitID(t, e, ctx, "H", 1, 40))
+		h := truthOf(t, e, "H")
+		if len(h.Stalls) != maxTruthStalls || h.StallsDropped != 39-maxTruthStalls {
+			t.Fatalf("%d stalls kept, %d dropped", len(h.Stalls), h.StallsDropped)
+		}
+		for _, st := range h.Stalls {
+			if st.Cause != CauseUnexplained || st.Excess != time.Second || st.Dur != 1025*ms || st.Ref != "" {
+				t.Fatalf("stall %+v", st)
+			}
+		}
+		// Its first token waited for its own step's hiccup too.
+		if h.TTFTCause != CauseUnexplained || h.TTFT != 1036*ms {
+			t.Errorf("TTFT %v cause %q", h.TTFT, h.TTFTCause)
+		}
+	})
 }
