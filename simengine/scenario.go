@@ -1,18 +1,25 @@
 package simengine
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/tokentap/tokentap/stream"
 )
 
 // Scenario is a named workload for the simulator with the settings it
-// needs: a test drives Requests (each at its At, with its ID in
+// needs: a test drives Requests (Drive: each at its At, with its ID in
 // X-Request-Id) through a client whose connections come from
 // Engine.Dialer(…, ConnectDelay, ConnectShare) to a Server of
-// NewEngine(Config) with keep-alives off, then compares what it measured
-// with Engine.Truth (SlowEvents cuts the slow events out of it with
-// SlowTTFT and Stall as the thresholds).
+// NewEngine(Config) with keep-alives off (under testing/synctest, over
+// Pipes), then compares what it measured with Engine.Truth (SlowEvents
+// cuts the slow events out of it with SlowTTFT and Stall as the
+// thresholds).
 type Scenario struct {
 	Name   string
 	Config Config
@@ -140,6 +147,53 @@ func (sc Scenario) Scaled(f float64) Scenario {
 	}
 	sc.Requests = reqs
 	return sc
+}
+
+// Drive sends sc's requests through client to base (the simulator's
+// Server, or a proxy in front of it), each at its At after the call
+// (time.Sleep: under testing/synctest, the bubble's clock), with its ID
+// in X-Request-Id, reads each answer whole (at most 1 MiB) and returns
+// once all have ended: an error for each request that did not stream
+// its MaxTokens tokens with a 200 and its ID back in X-Sim-Request-Id.
+func (sc Scenario) Drive(client *http.Client, base string) error {
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, len(sc.Requests))
+	for i, r := range sc.Requests {
+		time.Sleep(time.Until(start.Add(r.At)))
+		wg.Go(func() { errs[i] = r.send(client, base) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// send sends r and checks its answer.
+func (r ScenarioRequest) send(client *http.Client, base string) error {
+	req, err := http.NewRequest("POST", base+ScenarioPath, strings.NewReader(r.Body()))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", r.ID)
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", r.ID, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	tokens := 0
+	var f stream.Framer
+	f.Feed(b, func(ev *stream.Event) {
+		var c stream.Chunk
+		stream.ParseOpenAI(ev.Data, &c)
+		if c.Output {
+			tokens++
+		}
+	})
+	if id := resp.Header.Get("X-Sim-Request-Id"); err != nil || resp.StatusCode != 200 || tokens != r.MaxTokens || id != r.ID {
+		return fmt.Errorf("%s: status %d, %d tokens of %d, X-Sim-Request-Id %q, read error %v", r.ID, resp.StatusCode, tokens, r.MaxTokens, id, err)
+	}
+	return nil
 }
 
 // SlowEvent is a slow first token or stall in the ground truth: What is

@@ -3,73 +3,12 @@ package simengine
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
-	"time"
-
-	"github.com/tokentap/tokentap/stream"
 )
-
-// pipeNet is an in-memory network for a testing/synctest bubble: Dial
-// hands the listener the other end of a net.Pipe, each connection with
-// an address of its own (net.Pipe's are all "pipe").
-type pipeNet struct {
-	conns  chan net.Conn
-	done   chan struct{}
-	once   sync.Once
-	mu     sync.Mutex
-	dialed int
-}
-
-func newPipeNet() *pipeNet { return &pipeNet{conns: make(chan net.Conn), done: make(chan struct{})} }
-
-type pipeAddr string
-
-func (a pipeAddr) Network() string { return "pipe" }
-func (a pipeAddr) String() string  { return string(a) }
-
-type pipeConn struct {
-	net.Conn
-	local, remote net.Addr
-}
-
-func (c *pipeConn) LocalAddr() net.Addr  { return c.local }
-func (c *pipeConn) RemoteAddr() net.Addr { return c.remote }
-
-func (p *pipeNet) Dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	p.mu.Lock()
-	p.dialed++
-	client := pipeAddr(fmt.Sprintf("client-%d", p.dialed))
-	p.mu.Unlock()
-	a, b := net.Pipe()
-	select {
-	case p.conns <- &pipeConn{b, pipeAddr("server"), client}:
-		return &pipeConn{a, client, pipeAddr("server")}, nil
-	case <-p.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (p *pipeNet) Accept() (net.Conn, error) {
-	select {
-	case c := <-p.conns:
-		return c, nil
-	case <-p.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (p *pipeNet) Close() error   { p.once.Do(func() { close(p.done) }); return nil }
-func (p *pipeNet) Addr() net.Addr { return pipeAddr("server") }
 
 // runScenario drives sc through a Server over pipes (keep-alives off,
 // connections from Engine.Dialer) in a synctest bubble, checks every
@@ -81,45 +20,14 @@ func runScenario(t *testing.T, sc Scenario) []Truth {
 		ctx, cancel := context.WithCancel(t.Context())
 		engineDone := make(chan struct{})
 		go func() { e.Run(ctx); close(engineDone) }()
-		pn := newPipeNet()
+		pn := NewPipes()
 		srv := &http.Server{Handler: NewServer(e)}
 		srv.SetKeepAlivesEnabled(false)
 		serveDone := make(chan struct{})
 		go func() { srv.Serve(pn); close(serveDone) }()
 		tr := &http.Transport{DialContext: e.Dialer(pn.Dial, sc.ConnectDelay, sc.ConnectShare)}
 		client := &http.Client{Transport: tr}
-		start := time.Now()
-		var wg sync.WaitGroup
-		errs := make(chan error, len(sc.Requests))
-		for _, r := range sc.Requests {
-			time.Sleep(time.Until(start.Add(r.At)))
-			wg.Go(func() {
-				req, _ := http.NewRequest("POST", "http://sim"+ScenarioPath, strings.NewReader(r.Body()))
-				req.Header.Set("X-Request-Id", r.ID)
-				resp, err := client.Do(req)
-				if err != nil {
-					errs <- err
-					return
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				tokens := 0
-				var f stream.Framer
-				f.Feed(b, func(ev *stream.Event) {
-					var c stream.Chunk
-					stream.ParseOpenAI(ev.Data, &c)
-					if c.Output {
-						tokens++
-					}
-				})
-				if resp.StatusCode != 200 || tokens != r.MaxTokens || resp.Header.Get("X-Sim-Request-Id") != r.ID {
-					errs <- fmt.Errorf("%s: status %d, %d tokens of %d, X-Sim-Request-Id %q", r.ID, resp.StatusCode, tokens, r.MaxTokens, resp.Header.Get("X-Sim-Request-Id"))
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		if err := sc.Drive(client, "http://sim"); err != nil {
 			t.Error(err)
 		}
 		truth = e.Truth()
@@ -211,4 +119,34 @@ func TestScenarioBodyPromptTokens(t *testing.T) {
 			t.Errorf("%d prompt tokens: the server counts %d", n, got)
 		}
 	}
+}
+
+// Drive names every request that did not come back whole: here the
+// simulator's answer is right for one and the other asked a server
+// that refuses it.
+func TestDriveReportsEveryFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := NewEngine(fast())
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go e.Run(ctx)
+		sim := NewServer(e)
+		pn := NewPipes()
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Request-Id") == "refused" {
+				http.Error(w, "no", http.StatusServiceUnavailable)
+				return
+			}
+			sim.ServeHTTP(w, r)
+		})}
+		go srv.Serve(pn)
+		defer func() { srv.Close(); pn.Close() }()
+		tr := &http.Transport{DialContext: pn.Dial}
+		defer tr.CloseIdleConnections()
+		sc := Scenario{Requests: []ScenarioRequest{{ID: "fine", PromptTokens: 4, MaxTokens: 3}, {At: ms, ID: "refused", PromptTokens: 4, MaxTokens: 3}}}
+		err := sc.Drive(&http.Client{Transport: tr}, "http://sim")
+		if err == nil || strings.Contains(err.Error(), "fine") || !strings.Contains(err.Error(), "refused: status 503, 0 tokens of 3") {
+			t.Fatalf("Drive: %v", err)
+		}
+	})
 }
