@@ -80,9 +80,10 @@ type Engine interface {
 	// PreemptionsBetween returns how far the engine's preemption counter
 	// advanced across [t0, t1]; ok false when unknown.
 	PreemptionsBetween(t0, t1 time.Time) (n int, ok bool)
-	// Queued says whether the engine reported waiting requests between
-	// from and to, and when the queue was last seen drained.
-	Queued(from, to time.Time) (until time.Time, queued, known bool)
+	// WaitingBetween calls fn with the engine's waiting queue at every
+	// scrape from the last one at or before from to the last one before
+	// to, in order; never when the engine exports no queue.
+	WaitingBetween(from, to time.Time, fn func(at time.Time, waiting float64))
 }
 
 // Options configure an Attributor. The zero value attributes stalls
@@ -222,10 +223,15 @@ type view struct {
 // arrival and the first of them to end.
 type scene struct {
 	long     []view
+	after    []pending // the requests that arrived after from and by to, for the queue gauge's rule
 	inflight int       // requests in flight at from (rec's arrival), rec aside
 	freed    time.Time // the first end among them, zero when none ended
 	freedID  string
 }
+
+// pending is a request that arrived after the attributed one: when, and
+// its first token (zero: none yet).
+type pending struct{ arrive, first time.Time }
 
 // medianEvery is how many arrivals the cached median of prompt sizes
 // serves before it is computed again.
@@ -259,6 +265,11 @@ func (a *Attributor) scan(self *entry, from, to time.Time) scene {
 		end, ended := e.at(&e.end)
 		if ended && end.Before(from) {
 			continue
+		}
+		if e.arrive.After(from) {
+			p := pending{arrive: e.arrive}
+			p.first, _ = e.at(&e.first)
+			sc.after = append(sc.after, p)
 		}
 		if e.arrive.Before(from) && (!ended || end.After(from)) {
 			sc.inflight++
@@ -298,7 +309,7 @@ func (a *Attributor) attribute(rec *record.Record, self *entry) {
 	if end.IsZero() {
 		end = rec.LastToken
 	}
-	sc := a.scan(self, rec.Arrive, end)
+	sc := a.scan(self, reach(rec), end)
 	if slowFirst {
 		rec.Causes = append(rec.Causes, a.firstToken(rec, th, &sc))
 	}
@@ -375,9 +386,10 @@ func (a *Attributor) firstToken(rec *record.Record, th time.Duration, sc *scene)
 	explains := func(d time.Duration) bool { return d > 0 && 2*d >= excess }
 	c := record.Cause{What: TTFT, Cause: Unexplained, Ms: ms(ttft)}
 	var engineD time.Duration
-	if d, ref := a.longAhead(rec.Arrive, f, sc); explains(d) {
+	at := reach(rec) // the engine's causes start when the engine had the request
+	if d, ref := a.longAhead(at, f, sc); explains(d) {
 		c.Cause, c.Ms, c.Ref, engineD = LongPrefillAhead, ms(d), ref, d
-	} else if d, ref := a.queue(rec.Arrive, f, sc); explains(d) {
+	} else if d, ref := a.queue(at, f, sc); explains(d) {
 		c.Cause, c.Ms, c.Ref, engineD = Queue, ms(d), ref, d
 	}
 	if d := setup(&rec.Upstream); explains(d) && d > engineD {
@@ -429,12 +441,49 @@ func (a *Attributor) queue(arrive, f time.Time, sc *scene) (time.Duration, strin
 	if n := a.o.MaxRunning; n > 0 && sc.inflight >= n && !sc.freed.IsZero() && !sc.freed.After(f) {
 		return sc.freed.Sub(arrive), sc.freedID
 	}
-	if a.o.Engine != nil {
-		if until, queued, known := a.o.Engine.Queued(arrive, f); known && queued {
-			return minTime(until, f).Sub(arrive), ""
-		}
+	if a.o.Engine == nil {
+		return 0, ""
 	}
-	return 0, ""
+	// The gauge: this request was among the waiting at a scrape when the
+	// engine reported more waiting than the requests that arrived after
+	// it and were still before their first token (those behind it). It
+	// waited from its arrival to the first later scrape that did not say
+	// so (or its first token). With no scrape after the arrival, the one
+	// before it stands: waiting then, this one waited behind them.
+	var until time.Time
+	var prior, inside, queued bool
+	a.o.Engine.WaitingBetween(arrive, f, func(t time.Time, w float64) {
+		if !t.After(arrive) {
+			prior = w > 0
+			return
+		}
+		inside = true
+		if !until.IsZero() {
+			return // the queue was seen left
+		}
+		behind := 0
+		for _, p := range sc.after {
+			if p.arrive.Before(t) && (p.first.IsZero() || p.first.After(t)) {
+				behind++
+			}
+		}
+		switch {
+		case w > float64(behind):
+			queued = true
+		case queued:
+			until = t
+		}
+	})
+	if !inside && prior {
+		queued, until = true, f
+	}
+	if !queued {
+		return 0, ""
+	}
+	if until.IsZero() || until.After(f) {
+		until = f
+	}
+	return until.Sub(arrive), ""
 }
 
 // stall attributes one stall [from, to].
@@ -498,6 +547,15 @@ func (a *Attributor) stall(from, to time.Time, vs []view) record.Cause {
 		c.Cause, c.Ms, c.Ref = PrefillInterference, ms(covered), ref
 	}
 	return c
+}
+
+// reach is when the engine had the request: when the sidecar had
+// written it upstream, else its arrival and the connection's set-up.
+func reach(rec *record.Record) time.Time {
+	if rec.UpstreamSent.After(rec.Arrive) {
+		return rec.UpstreamSent
+	}
+	return rec.Arrive.Add(setup(&rec.Upstream))
 }
 
 // setup is the upstream's set-up: the wait for a connection (a new

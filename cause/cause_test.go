@@ -49,10 +49,16 @@ func (q req) record() *record.Record {
 }
 
 // fakeEngine is a scripted engine scraper: preemptions at the given
-// instants, a queue over the given windows.
+// instants, the waiting queue at scrapes every 100 ms from t0 − 1 s,
+// queue[i] requests waiting within window i, none outside.
 type fakeEngine struct {
 	preempt []time.Time
-	queue   [][2]time.Time // waiting > 0 within each
+	queue   []window
+}
+
+type window struct {
+	from, to time.Time
+	n        float64
 }
 
 func (f *fakeEngine) PreemptionsBetween(a, b time.Time) (int, bool) {
@@ -65,13 +71,18 @@ func (f *fakeEngine) PreemptionsBetween(a, b time.Time) (int, bool) {
 	return n, true
 }
 
-func (f *fakeEngine) Queued(from, to time.Time) (time.Time, bool, bool) {
-	for _, w := range f.queue {
-		if w[0].Before(to) && w[1].After(from) {
-			return w[1], true, true
+func (f *fakeEngine) WaitingBetween(from, to time.Time, fn func(time.Time, float64)) {
+	for t := at(-1000); t.Before(to); t = t.Add(100 * time.Millisecond) {
+		if t.Add(100 * time.Millisecond).After(from) {
+			n := 0.0
+			for _, w := range f.queue {
+				if !t.Before(w.from) && t.Before(w.to) {
+					n = w.n
+				}
+			}
+			fn(t, n)
 		}
 	}
-	return to, false, true
 }
 
 // run scripts the requests through an attributor in event order (each
@@ -208,18 +219,29 @@ func TestQueueAtCapacity(t *testing.T) {
 }
 
 func TestQueueFromTheEngineGauge(t *testing.T) {
-	eng := &fakeEngine{queue: [][2]time.Time{{at(-100), at(1600)}}}
+	// One waiting from before a's arrival to 1.6 s: a waited until the
+	// scrape that saw none.
+	eng := &fakeEngine{queue: []window{{at(-100), at(1600), 1}}}
 	recs := run(t, Options{SLO: sloTTFT(time.Second), Engine: eng},
 		req{id: "a", arrive: 0, first: 2000, end: 2100, bytes: 200, slo: "chat"})
 	if got := causes(recs["a"]); got != "ttft:queue/1600" {
 		t.Fatalf("got %q", got)
 	}
 	// A queue drained 100 ms after arrival explains too little.
-	eng.queue = [][2]time.Time{{at(-100), at(100)}}
+	eng.queue = []window{{at(-100), at(100), 1}}
 	recs = run(t, Options{SLO: sloTTFT(time.Second), Engine: eng},
 		req{id: "a", arrive: 0, first: 2000, end: 2100, bytes: 200, slo: "chat"})
 	if got := causes(recs["a"]); got != "ttft:unexplained/2000" {
 		t.Fatalf("got %q", got)
+	}
+	// One waiting, and b arrived after a and waits: the one waiting is b,
+	// behind a, not a.
+	eng.queue = []window{{at(50), at(1900), 1}}
+	recs = run(t, Options{SLO: sloTTFT(time.Second), Engine: eng},
+		req{id: "a", arrive: 0, first: 2000, end: 2100, bytes: 200, slo: "chat"},
+		req{id: "b", arrive: 10, first: 2050, end: 2200, bytes: 200})
+	if got := causes(recs["a"]); got != "ttft:unexplained/2000" {
+		t.Fatalf("a queue behind a: got %q", got)
 	}
 }
 
@@ -333,7 +355,7 @@ func TestRegistryBounded(t *testing.T) {
 func TestPrecedence(t *testing.T) {
 	// The engine's queue during a long prefill ahead is that prefill's:
 	// long_prefill_ahead, naming it.
-	eng := &fakeEngine{queue: [][2]time.Time{{at(-100), at(1900)}}}
+	eng := &fakeEngine{queue: []window{{at(-100), at(1900), 1}}}
 	reqs := append(background(20),
 		req{id: "L", arrive: -200, first: 1800, end: 5000, bytes: 40000},
 		req{id: "a", arrive: 0, first: 2000, end: 2100, bytes: 200, slo: "chat"})

@@ -537,34 +537,29 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	}
 }
 
-// Queued reads the waiting gauge from the last scrape at or before the
-// arrival to the last before the first token; the queue is seen drained
-// at the first later scrape with none waiting.
-func TestQueued(t *testing.T) {
-	h := &history{}
+// WaitingBetween reads the waiting gauge from the last scrape at or
+// before from to the last one before to.
+func TestWaitingBetween(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	s := func(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
-	if _, _, known := h.queued(s(0), s(1)); known {
-		t.Fatal("no scrape: known")
+	sec := func(v float64) time.Time { return t0.Add(time.Duration(v * float64(time.Second))) }
+	s := &Scraper{}
+	got := func(from, to float64) string {
+		var out []string
+		s.WaitingBetween(sec(from), sec(to), func(at time.Time, w float64) { out = append(out, fmt.Sprintf("%v:%v", at.Sub(t0).Seconds(), w)) })
+		return strings.Join(out, " ")
 	}
-	for i, w := range []float64{0, 3, 2, 0, 0, math.NaN()} {
-		h.add(sample{t: s(float64(i)), waiting: w, preempt: math.NaN(), kv: math.NaN(), running: 1})
+	if g := got(0, 1); g != "" {
+		t.Fatalf("no scrape: %q", g)
 	}
-	cases := []struct {
-		from, to      float64
-		until         float64
-		queued, known bool
-	}{
-		{0.5, 2.5, 2.5, true, true}, // 3 and 2 waiting, not yet drained before the first token
-		{0.5, 3.5, 3, true, true},   // drained at the scrape at 3 s
-		{1.5, 3.5, 3, true, true},   // the scrape before the arrival had 3 waiting
-		{3.2, 4.5, 4.5, false, true},
-		{-1, 2, 0, false, false}, // no scrape covers the arrival
+	for i, w := range []float64{0, 3, 2, math.NaN(), 0} {
+		s.hist.add(sample{t: sec(float64(i)), waiting: w, preempt: math.NaN(), kv: math.NaN()})
 	}
-	for _, c := range cases {
-		until, queued, known := h.queued(s(c.from), s(c.to))
-		if queued != c.queued || known != c.known || (known && !until.Equal(s(c.until))) {
-			t.Errorf("queued(%v, %v) = %v, %v, %v; want %v, %v, %v", c.from, c.to, until.Sub(t0), queued, known, c.until, c.queued, c.known)
+	for _, c := range []struct {
+		from, to float64
+		want     string
+	}{{0.5, 2.5, "0:0 1:3 2:2"}, {1.5, 4.5, "1:3 2:2 4:0"}, {2, 2, ""}, {-1, 3, ""}} {
+		if g := got(c.from, c.to); g != c.want {
+			t.Errorf("WaitingBetween(%v, %v) = %q, want %q", c.from, c.to, g, c.want)
 		}
 	}
 }

@@ -190,37 +190,21 @@ func PrefixSource(k Kind) string {
 	return ""
 }
 
-// Queued says whether the engine reported waiting requests while a
-// request waited for its first token, from its arrival (from) to its
-// first token (to): at the last scrape at or before from, or at any
-// scrape after it and before to. until is when the queue was last seen
-// drained: the first scrape after from (and before to) that reported no
-// waiting request, or to when none did. known is false when no scrape
-// covers from, or the engine exports no queue (docs/measurement.md §9,
+// WaitingBetween calls fn with the engine's waiting queue at every scrape
+// from the last one at or before from to the last one before to, in
+// order (none when the engine exports no queue): the evidence of a queue
+// while a request waited for its first token (docs/measurement.md §6b,
 // "queue").
-func (s *Scraper) Queued(from, to time.Time) (until time.Time, queued, known bool) {
+func (s *Scraper) WaitingBetween(from, to time.Time, fn func(at time.Time, waiting float64)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.hist.queued(from, to)
-}
-
-func (h *history) queued(from, to time.Time) (until time.Time, queued, known bool) {
+	h := &s.hist
 	if len(h.s) == 0 || h.s[0].t.After(from) {
-		return time.Time{}, false, false
+		return
 	}
-	until = to
 	for i := h.before(from); i < len(h.s) && h.s[i].t.Before(to); i++ {
-		w := h.s[i].waiting
-		if math.IsNaN(w) {
-			continue
-		}
-		known = true
-		switch {
-		case w > 0:
-			queued = true
-		case queued && h.s[i].t.After(from):
-			return h.s[i].t, true, true
+		if w := h.s[i].waiting; !math.IsNaN(w) {
+			fn(h.s[i].t, w)
 		}
 	}
-	return until, queued, known
 }

@@ -33,8 +33,8 @@ import (
 
 // A larger random model than the shared one, for the two-sequence
 // engine: its prefill must take long enough per batch to stall a decode
-// visibly (4.2 M parameters, about 17 MB of F32; still no download).
-var bigModel = gguf.Config{Seed: modelSeed, Embedding: 256, Layers: 4, Heads: 4, KVHeads: 2, FeedForward: 1024, ContextLength: 8192}
+// visibly (0.8 M parameters, about 3 MB of F32; still no download).
+var bigModel = gguf.Config{Seed: modelSeed, Embedding: 128, Layers: 3, Heads: 4, KVHeads: 2, FeedForward: 512, ContextLength: 8192}
 
 const bigModelfile = `FROM ./tiny.gguf
 TEMPLATE """{{- range .Messages }}<|{{ .Role }}|>{{ .Content }}
@@ -186,7 +186,7 @@ func writeConfig(t *testing.T, yaml string) string {
 func TestSlowCausesPrefillInterference(t *testing.T) {
 	w := setupParallel(t)
 	// This machine's engine: a long prompt's prefill, and a decode step.
-	const longBytes = 3000
+	const longBytes = 2600 // a body over cause.LongMinBytes
 	cal := generate(t, w.ollama, text('Q', longBytes), 1)
 	dec := generate(t, w.ollama, "a short question", 64)
 	if cal.PromptEvalCount < 1000 || dec.EvalCount < 2 {
@@ -267,8 +267,14 @@ func TestSlowCausesQueue(t *testing.T) {
 	a, aBody := streamGenerate(t, s.proxy, "a first question", predict)
 	sent := time.Now()
 	done := make(chan error, 1)
-	go func() {
-		_, err := generateErr(s.proxy, "a second question", 4)
+	go func() { // streamed: a first token's cause is a stream's
+		body, _ := json.Marshal(map[string]any{"model": modelName, "prompt": "a second question", "stream": true,
+			"options": map[string]any{"num_predict": 4, "seed": seed}})
+		resp, err := http.Post(s.proxy+"/api/generate", "application/json", strings.NewReader(string(body)))
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
 		done <- err
 	}()
 	io.Copy(io.Discard, a)
