@@ -62,11 +62,6 @@ type Env struct {
 	// streams still running are cut at once (still recorded, flushed).
 	// Nil: never.
 	Force <-chan struct{}
-	// Upstream, if set, adjusts the proxy's upstream transport
-	// (proxy.NewTransport) before its first request: tests give the
-	// simulator's slow dialer (simengine.Engine.Dialer) and turn
-	// keep-alives off. Nil: the transport as it is.
-	Upstream func(*http.Transport)
 }
 
 // Addrs are the bound addresses.
@@ -310,14 +305,7 @@ func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.
 func (s *Sidecar) newProxy(pipe *pipeline.Pipeline, up *url.URL, probeSecret string) (err error) {
 	cfg, metrics, log := s.cfg, s.metrics, s.log
 	s.peeks = newPeekBudget(cfg.PeekBudget, metrics.Registry) // shared with the egress proxy
-	var transport http.RoundTripper
-	if s.env.Upstream != nil {
-		t := proxy.NewTransport()
-		s.env.Upstream(t)
-		transport = t
-	}
 	s.proxy, err = proxy.New(proxy.Options{
-		Transport:       transport,
 		ProbeHeader:     probeSecret,
 		Upstream:        up,
 		Pipeline:        pipe,
