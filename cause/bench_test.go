@@ -24,6 +24,7 @@ func BenchmarkAttribute(b *testing.B) {
 			size = 40000
 		}
 		tr := a.Begin(r, size)
+		tr.Sent(r.Arrive)
 		tr.First(r.Arrive.Add(300 * time.Millisecond))
 		if i%2 == 0 {
 			r.Terminal = r.Arrive.Add(2 * time.Second)
@@ -52,6 +53,7 @@ func BenchmarkAttribute(b *testing.B) {
 	}{{"on_time", 300, 0}, {"slow_ttft", 2500, 0}, {"slow_ttft_4_stalls", 2500, 4}} {
 		r := mk(c.first, c.stalls)
 		self := &entry{id: r.ID, arrive: r.Arrive, size: 800}
+		self.sent.Store(1)
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

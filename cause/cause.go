@@ -77,9 +77,10 @@ const (
 // Engine is what the engine scraper (engine.Scraper) knows of the
 // engine around a request.
 type Engine interface {
-	// PreemptionsBetween returns how far the engine's preemption counter
-	// advanced across [t0, t1]; ok false when unknown.
-	PreemptionsBetween(t0, t1 time.Time) (n int, ok bool)
+	// PreemptionsDuring returns how far the engine's preemption counter
+	// advanced during the stall [from, to] (at scrape resolution); ok
+	// false when unknown.
+	PreemptionsDuring(from, to time.Time) (n int, ok bool)
 	// WaitingBetween calls fn with the engine's waiting queue at every
 	// scrape from the last one at or before from to the last one before
 	// to, in order; never when the engine exports no queue.
@@ -125,8 +126,12 @@ type entry struct {
 	id     string
 	arrive time.Time
 	size   int64        // the prompt's size in body bytes
+	sent   atomic.Int64 // when it was written to the engine, from arrive, +1; 0: not yet
 	first  atomic.Int64 // the first token's offset from arrive, +1; 0: none yet
 	end    atomic.Int64 // the end's offset from arrive, +1; 0: running
+	// resumed holds when each of its stalls put down to a preemption
+	// ended (its recompute done), set once at its end; nil before.
+	resumed atomic.Pointer[[]time.Time]
 }
 
 func stamp(v *atomic.Int64, arrive, t time.Time) {
@@ -157,9 +162,11 @@ func New(o Options) *Attributor {
 	return a
 }
 
-// Tracked is one request in the registry: First at its first token, End
-// once it has ended. (An alias: pipeline.CauseEntry is the same type.)
+// Tracked is one request in the registry: Sent when it was written to
+// the engine, First at its first token, End once it has ended. (An
+// alias: pipeline.CauseEntry is the same type.)
 type Tracked = interface {
+	Sent(t time.Time)
 	First(t time.Time)
 	End(rec *record.Record)
 }
@@ -186,6 +193,10 @@ type tracked struct {
 	e *entry
 }
 
+// Sent stamps when the request was written to the engine (once; later
+// calls do nothing): the engine had it from then.
+func (t *tracked) Sent(at time.Time) { stamp(&t.e.sent, t.e.arrive, at) }
+
 // First stamps the request's first token (once; later calls do
 // nothing).
 func (t *tracked) First(at time.Time) { stamp(&t.e.first, t.e.arrive, at) }
@@ -205,13 +216,22 @@ func (t *tracked) End(rec *record.Record) {
 		stamp(&t.e.first, t.e.arrive, rec.FirstToken)
 	}
 	t.a.attribute(rec, t.e)
+	var resumed []time.Time
+	for _, c := range rec.Causes {
+		if c.What == Stall && c.Cause == Preemption && c.Ref == "" {
+			resumed = append(resumed, c.At.Add(time.Duration(c.Ms*float64(time.Millisecond))))
+		}
+	}
+	if resumed != nil {
+		t.e.resumed.Store(&resumed)
+	}
 }
 
 // view is a long-prompt request of the registry as one attribution
 // sees it.
 type view struct {
 	id           string
-	arrive       time.Time
+	arrive       time.Time // when the engine had it (reached)
 	size         int64
 	first, end   time.Time
 	hasFirst, up bool // up: still running when looked at
@@ -227,10 +247,17 @@ type scene struct {
 	inflight int       // requests in flight at from (rec's arrival), rec aside
 	freed    time.Time // the first end among them, zero when none ended
 	freedID  string
+	resumed  []resume // the other requests' preemption stalls that ended in [from, to]
 }
 
-// pending is a request that arrived after the attributed one: when, and
-// its first token (zero: none yet).
+// resume is when a preempted request's stall ended: its recompute done.
+type resume struct {
+	at time.Time
+	id string
+}
+
+// pending is a request that reached the engine after the attributed
+// one: when, and its first token (zero: none yet).
 type pending struct{ arrive, first time.Time }
 
 // medianEvery is how many arrivals the cached median of prompt sizes
@@ -266,21 +293,34 @@ func (a *Attributor) scan(self *entry, from, to time.Time) scene {
 		if ended && end.Before(from) {
 			continue
 		}
-		if e.arrive.After(from) {
-			p := pending{arrive: e.arrive}
+		// When the engine had it: written upstream; one never written
+		// (refused at the sidecar, or not yet) is not the engine's.
+		at, sent := e.at(&e.sent)
+		if !sent {
+			continue
+		}
+		if at.After(from) {
+			p := pending{arrive: at}
 			p.first, _ = e.at(&e.first)
 			sc.after = append(sc.after, p)
 		}
-		if e.arrive.Before(from) && (!ended || end.After(from)) {
+		if at.Before(from) && (!ended || end.After(from)) {
 			sc.inflight++
 			if ended && (sc.freed.IsZero() || end.Before(sc.freed)) {
 				sc.freed, sc.freedID = end, e.id
 			}
 		}
+		if rs := e.resumed.Load(); rs != nil {
+			for _, r := range *rs {
+				if !r.Before(from) && !r.After(to) {
+					sc.resumed = append(sc.resumed, resume{r, e.id})
+				}
+			}
+		}
 		if !long(e.size, a.median) {
 			continue
 		}
-		v := view{id: e.id, arrive: e.arrive, size: e.size, end: end, up: !ended}
+		v := view{id: e.id, arrive: at, size: e.size, end: end, up: !ended}
 		v.first, v.hasFirst = e.at(&e.first)
 		sc.long = append(sc.long, v)
 	}
@@ -318,7 +358,7 @@ func (a *Attributor) attribute(rec *record.Record, self *entry) {
 			rec.CausesCut++
 			continue
 		}
-		rec.Causes = append(rec.Causes, a.stall(s[0], s[1], sc.long))
+		rec.Causes = append(rec.Causes, a.stall(s[0], s[1], &sc))
 	}
 }
 
@@ -392,7 +432,9 @@ func (a *Attributor) firstToken(rec *record.Record, th time.Duration, sc *scene)
 	} else if d, ref := a.queue(at, f, sc); explains(d) {
 		c.Cause, c.Ms, c.Ref, engineD = Queue, ms(d), ref, d
 	}
-	if d := setup(&rec.Upstream); explains(d) && d > engineD {
+	// The set-up is measured, not inferred: it holds when it explains
+	// half the excess, or alone took longer than the whole threshold.
+	if d := setup(&rec.Upstream); (explains(d) || d > th) && d > engineD {
 		c.Cause, c.Ms, c.Ref = Connection, ms(d), ""
 	}
 	return c
@@ -463,7 +505,7 @@ func (a *Attributor) queue(arrive, f time.Time, sc *scene) (time.Duration, strin
 		}
 		behind := 0
 		for _, p := range sc.after {
-			if p.arrive.Before(t) && (p.first.IsZero() || p.first.After(t)) {
+			if !p.arrive.After(t) && (p.first.IsZero() || p.first.After(t)) {
 				behind++
 			}
 		}
@@ -487,15 +529,25 @@ func (a *Attributor) queue(arrive, f time.Time, sc *scene) (time.Duration, strin
 }
 
 // stall attributes one stall [from, to].
-func (a *Attributor) stall(from, to time.Time, vs []view) record.Cause {
+func (a *Attributor) stall(from, to time.Time, sc *scene) record.Cause {
 	gap := to.Sub(from)
 	c := record.Cause{What: Stall, Cause: Unexplained, Ms: ms(gap), At: from}
 	if a.o.Engine != nil {
-		if n, ok := a.o.Engine.PreemptionsBetween(from, to); ok && n > 0 {
+		if n, ok := a.o.Engine.PreemptionsDuring(from, to); ok && n > 0 {
 			c.Cause = Preemption
 			return c
 		}
 	}
+	// Another request's preemption stall ended during this one (within a
+	// quarter of the gap after it, the same step's tokens arriving
+	// apart): the engine's step recomputed it (ref: that request).
+	for _, r := range sc.resumed {
+		if r.at.After(from) && !r.at.After(to.Add(gap/4)) {
+			c.Cause, c.Ref = Preemption, r.id
+			return c
+		}
+	}
+	vs := sc.long
 	// The long prompts' prefill windows (arrival to first token, or to
 	// now when none yet) that overlap the stall: their union's overlap.
 	type span struct {

@@ -61,7 +61,7 @@ type window struct {
 	n        float64
 }
 
-func (f *fakeEngine) PreemptionsBetween(a, b time.Time) (int, bool) {
+func (f *fakeEngine) PreemptionsDuring(a, b time.Time) (int, bool) {
 	n := 0
 	for _, p := range f.preempt {
 		if !p.Before(a) && !p.After(b) {
@@ -117,8 +117,9 @@ func run(t *testing.T, o Options, reqs ...req) map[string]*record.Record {
 	for _, e := range evs {
 		q := reqs[e.i]
 		switch e.kind {
-		case 0:
+		case 0: // written upstream at once: reached the engine at arrival
 			tracked[e.i] = a.Begin(recs[q.id], q.bytes)
+			tracked[e.i].Sent(at(q.arrive))
 		case 1:
 			tracked[e.i].First(at(q.first))
 		case 2:

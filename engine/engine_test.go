@@ -563,3 +563,27 @@ func TestWaitingBetween(t *testing.T) {
 		}
 	}
 }
+
+// PreemptionsDuring counts a preemption inside a stall, not one at its
+// end (the step after it), unless no scrape falls inside the stall.
+func TestPreemptionsDuring(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
+	s := &Scraper{}
+	for i, p := range []float64{0, 0, 0, 1, 1, 2} { // scrapes every 100 ms: +1 by 300 ms, +1 by 500 ms
+		s.hist.add(sample{t: ms(100 * i), preempt: p, waiting: math.NaN(), kv: math.NaN()})
+	}
+	for _, c := range []struct {
+		from, to, want int
+	}{
+		{50, 290, 0},  // the preemption came after the last scrape inside: the stall's end
+		{50, 310, 1},  // the scrape at 300 ms, inside, saw it
+		{210, 290, 1}, // no scrape inside: the scrapes around it (200, 300)
+		{150, 450, 1},
+		{150, 510, 2},
+	} {
+		if n, ok := s.PreemptionsDuring(ms(c.from), ms(c.to)); !ok || n != c.want {
+			t.Errorf("PreemptionsDuring(%d, %d) = %d, %v; want %d", c.from, c.to, n, ok, c.want)
+		}
+	}
+}

@@ -92,9 +92,11 @@ type Causes interface {
 	Begin(rec *record.Record, promptBytes int64) CauseEntry
 }
 
-// CauseEntry is one tracked request: First stamps its first token (once,
-// an atomic store), End attributes its slow events into rec.Causes.
+// CauseEntry is one tracked request: Sent stamps when it was written to
+// the engine, First its first token (each once, an atomic store), End
+// attributes its slow events into rec.Causes.
 type CauseEntry = interface {
+	Sent(t time.Time)
 	First(t time.Time)
 	End(rec *record.Record)
 }
@@ -376,6 +378,15 @@ func (q *Request) ResponseModel(name string) {
 	q.model, q.key.Model = name, name
 	if m, ok := q.live.(interface{ ResponseModel(string) }); ok {
 		m.ResponseModel(name)
+	}
+}
+
+// Sent stamps when the request was written to the engine whole, for the
+// slow causes of the requests around it (the engine had it from then):
+// called once per attempt, off the token path (an atomic store).
+func (q *Request) Sent(t time.Time) {
+	if q.why != nil {
+		q.why.Sent(t)
 	}
 }
 

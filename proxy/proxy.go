@@ -671,6 +671,7 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	case st.hook.Timeout > 0:
 		ctx, st.cancel = context.WithTimeout(ctx, st.hook.Timeout)
 	}
+	st.phases.wroteTo = obs.Sent
 	ctx = st.phases.install(ctx, p.clock, switching)
 	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx
