@@ -25,6 +25,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tokentap/tokentap/capture"
+	"github.com/tokentap/tokentap/cause"
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/egress"
 	"github.com/tokentap/tokentap/engine"
@@ -294,7 +295,7 @@ func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.
 	}
 	return pipeline.New(s.stages.Pipeline(pipeline.Options{
 		Judge: judge, Engine: signals, Energy: s.sampler, Book: book, Load: load, Scorecard: tallies{scorecard, s.trend}, Sinks: sinks,
-		Capture: s.capture,
+		Capture: s.capture, Causes: s.causes(judge),
 	})), pages{scorecard: scorecard, live: livePage}, nil
 }
 
@@ -744,4 +745,18 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// causes is the slow causes' attributor (docs/measurement.md §6b): the
+// judge's thresholds, the engine's scrapes when on, the declared
+// capacity (the built-in simulator's max_batch unless declared).
+func (s *Sidecar) causes(judge *slo.Judge) *cause.Attributor {
+	o := cause.Options{SLO: judge.Config(), MaxRunning: s.cfg.Engine.MaxRunning}
+	if o.MaxRunning == 0 && s.addrs.Simulated {
+		o.MaxRunning = s.cfg.Simulator.WithDefaults().MaxBatch
+	}
+	if s.engine != nil {
+		o.Engine = s.engine
+	}
+	return cause.New(o)
 }

@@ -407,6 +407,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.IntVar(&s.KVCapacityTokens, "sim.kv-capacity-tokens", s.KVCapacityTokens, "simulator: KV cache capacity in tokens; running sequences past it are preempted and recomputed")
 	fs.IntVar(&s.PrefixCacheBlocks, "sim.prefix-cache-blocks", s.PrefixCacheBlocks, "simulator: prefix cache size in blocks, vLLM's automatic prefix caching with LRU eviction (0: off)")
 	fs.IntVar(&s.PrefixCacheBlockTokens, "sim.prefix-cache-block-tokens", s.PrefixCacheBlockTokens, "simulator: tokens per prefix cache block (as the capture's block_size)")
+	fs.IntVar(&s.PrefillChunkTokens, "sim.prefill-chunk-tokens", s.PrefillChunkTokens, "simulator: chunked prefill, prompt tokens prefilled per step (0: unchunked, a prompt's whole prefill in the step that admits it)")
 	c.Engine.bind(fs)
 	c.Cost.bind(fs)
 	c.Egress.bind(fs)

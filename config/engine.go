@@ -33,6 +33,13 @@ type Engine struct {
 	// Passthrough re-exports the engine's own metric families, as last
 	// scraped, on the sidecar's /metrics.
 	Passthrough bool `yaml:"passthrough"`
+	// MaxRunning is the engine's max running sequences, as it was
+	// started with (vLLM --max-num-seqs, SGLang --max-running-requests,
+	// OLLAMA_NUM_PARALLEL, the simulator's max_batch): the requests in
+	// flight at a request's arrival at or above it put a slow first
+	// token down to the queue (docs/measurement.md §6b). 0: unknown, the
+	// engine's waiting gauge alone says so.
+	MaxRunning int `yaml:"max_running"`
 }
 
 // EngineKinds are the values Kind accepts besides "" and "auto"
@@ -70,6 +77,7 @@ func (c *Engine) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "engine.timeout", c.Timeout, "bound on one engine metrics scrape")
 	fs.StringVar(&c.Kind, "engine.kind", c.Kind, "engine kind: "+strings.Join(EngineKinds, ", ")+" (empty or auto: detected from the metric names)")
 	fs.BoolVar(&c.Passthrough, "engine.passthrough", c.Passthrough, "also re-export the engine's own metric families untouched")
+	fs.IntVar(&c.MaxRunning, "engine.max-running", c.MaxRunning, "the engine's max running sequences, for the queue cause of a slow first token (0: unknown)")
 }
 
 // Validate returns one error per problem, naming the field.
@@ -86,6 +94,9 @@ func (c Engine) Validate() []error {
 	}
 	if c.Timeout < 0 {
 		bad("engine.timeout: must not be negative")
+	}
+	if c.MaxRunning < 0 {
+		bad("engine.max_running: must not be negative, got %d", c.MaxRunning)
 	}
 	if c.Path != "" && !strings.HasPrefix(c.Path, "/") {
 		bad("engine.path: must start with /, got %q", c.Path)

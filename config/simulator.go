@@ -48,6 +48,14 @@ type Simulator struct {
 	// tokens are the capture's count (its canonical prompt's bytes ÷ 4),
 	// so that the simulator's blocks are the capture's.
 	PrefixCacheBlockTokens int `yaml:"prefix_cache_block_tokens"`
+	// PrefillChunkTokens is chunked prefill, vLLM's: at most this many
+	// prompt tokens are prefilled per engine step, shared by the
+	// sequences still prefilling in admission order, so a long prompt's
+	// prefill spreads over several steps and each step delays the
+	// running sequences' next tokens by one chunk at most. Default 0:
+	// unchunked, a sequence's whole prefill is paid by the step that
+	// admits it and every running sequence waits for it.
+	PrefillChunkTokens int `yaml:"prefill_chunk_tokens"`
 }
 
 // MaxPrefixCacheBlocks and MaxPrefixCacheBlockTokens bound the prefix
@@ -57,6 +65,10 @@ const (
 	MaxPrefixCacheBlocks      = 1 << 24
 	MaxPrefixCacheBlockTokens = 1 << 20
 )
+
+// MaxPrefillChunkTokens bounds PrefillChunkTokens (a chunk of 2^24
+// tokens is more than any context).
+const MaxPrefillChunkTokens = 1 << 24
 
 // SimulatorDefaults returns the simulator configuration used for zero
 // fields.
@@ -134,6 +146,9 @@ func (c Simulator) Validate() []error {
 	}
 	if c.PrefixCacheBlockTokens < 0 || c.PrefixCacheBlockTokens > MaxPrefixCacheBlockTokens {
 		bad(fmt.Sprintf("simulator.prefix_cache_block_tokens must be in [0,%d] (0: 512)", MaxPrefixCacheBlockTokens))
+	}
+	if c.PrefillChunkTokens < 0 || c.PrefillChunkTokens > MaxPrefillChunkTokens {
+		bad(fmt.Sprintf("simulator.prefill_chunk_tokens must be in [0,%d] (0: unchunked)", MaxPrefillChunkTokens))
 	}
 	if c.RejectStatus != 0 && (c.RejectStatus < 400 || c.RejectStatus > 599) {
 		bad("simulator.reject_status must be a 4xx or 5xx status")

@@ -30,3 +30,26 @@ func TestSimulatorPrefixCache(t *testing.T) {
 		t.Errorf("bounds: %v, want\n%s", err, strings.Join(want, "\n"))
 	}
 }
+
+// Chunked prefill: off (0) by default, set in the file or by flag, and
+// a negative or huge chunk refused by name.
+func TestSimulatorPrefillChunk(t *testing.T) {
+	c, err := Load(nil, noEnv, io.Discard)
+	if err != nil || c.Simulator.PrefillChunkTokens != 0 {
+		t.Fatalf("default: %d %v", c.Simulator.PrefillChunkTokens, err)
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(f, []byte("simulator:\n  prefill_chunk_tokens: 2048\n"), 0o600)
+	if c, err = Load([]string{"--config", f}, noEnv, io.Discard); err != nil || c.Simulator.PrefillChunkTokens != 2048 {
+		t.Fatalf("file: %d %v", c.Simulator.PrefillChunkTokens, err)
+	}
+	if c, err = Load([]string{"--sim.prefill-chunk-tokens", "512"}, noEnv, io.Discard); err != nil || c.Simulator.PrefillChunkTokens != 512 {
+		t.Fatalf("flag: %d %v", c.Simulator.PrefillChunkTokens, err)
+	}
+	for _, v := range []string{"-1", "16777217"} {
+		_, err = Load([]string{"--sim.prefill-chunk-tokens", v}, noEnv, io.Discard)
+		if want := "simulator.prefill_chunk_tokens must be in [0,16777216] (0: unchunked)"; err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", v, err, want)
+		}
+	}
+}

@@ -97,6 +97,11 @@ type SLO struct {
 	// StallThreshold: a gap between token events above it is a stall.
 	// Zero means 1s.
 	StallThreshold time.Duration `yaml:"stall_threshold"`
+	// SlowTTFT is the first token's threshold for the slow-request
+	// causes (docs/measurement.md §6b) of a request that no objective
+	// with a ttft threshold judges; zero: such a first token is never
+	// slow.
+	SlowTTFT time.Duration `yaml:"slow_ttft"`
 	// PromptClasses and OutputClasses bucket requests by input and output
 	// tokens, in increasing Max; empty means DefaultPromptClasses and
 	// DefaultOutputClasses.
@@ -257,6 +262,9 @@ func (c SLO) Validate() []error {
 		if len(cl.cs) > 8 {
 			bad("slo.%s: at most 8 classes (they are labels)", cl.n)
 		}
+	}
+	if c.SlowTTFT < 0 {
+		bad("slo.slow_ttft must not be negative")
 	}
 	if c.StallThreshold < 0 {
 		bad("slo.stall_threshold must not be negative")

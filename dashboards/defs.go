@@ -1,6 +1,9 @@
 package dashboards
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // boards are the dashboards, in the order of the file list.
 func boards() []board {
@@ -276,6 +279,7 @@ func latencyBoard() board {
 						{expr: "(" + hsum("tokentap_stalls_per_request", selT, "") + ") / (" + hcount("tokentap_stalls_per_request", selT, "") + ")", legend: "stalls per request"},
 					}},
 			}},
+			whyRow(),
 			{title: "End to end and outcomes", panels: []panel{
 				latencyPanel("E2E p50/p90/p95/p99 (request-weighted)", "gen_ai_server_request_duration_seconds",
 					"End-to-end latency = t_terminal − t_arrive for every request, any outcome; t_terminal is the end marker, a clean EOF, an error event, a cancel or a timeout, so this is not the last token's latency (docs/measurement.md §3, docs/metrics.md: gen_ai_server_request_duration_seconds).", 12),
@@ -294,6 +298,39 @@ func latencyBoard() board {
 			}},
 		},
 	}
+}
+
+// whyRow is why first tokens were slow and streams stalled (docs/
+// measurement.md §6b): the share of each cause over time, per model, and
+// over every selected sidecar.
+func whyRow() row {
+	share := func(what, by string) string {
+		s := selT + `, what="` + what + `"`
+		den := "sum"
+		if rest := strings.TrimSuffix(by, ", cause"); rest != by {
+			den = "sum by (" + rest + ")"
+		}
+		return `sum by (` + by + `) (rate(tokentap_slow_total{` + s + `}[` + ri + `])) / ignoring (cause) group_left ` + den +
+			` (rate(tokentap_slow_total{` + s + `}[` + ri + `]))`
+	}
+	const def = " Causes (docs/measurement.md §6b, why slow): connection (the upstream's set-up phases), queue (the engine's waiting requests, or the requests in flight at engine.max_running), long_prefill_ahead (an earlier long prompt still in prefill), preemption (the engine's preemption counter advanced across the stall), prefill_interference (a long prompt's prefill overlapped the stall), unexplained (none of these). Each slow event counts once, under the cause that explains most of it (tokentap_slow_total; docs/metrics.md)."
+	return row{title: "Why slow", panels: []panel{
+		{title: "Slow first tokens by cause (share)", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1), stack: true,
+			desc:    "Of the first tokens over their SLO's ttft threshold (or slo.slow_ttft), the share put down to each cause, over the selected sidecars, models and traffic." + def,
+			targets: []target{{expr: share("ttft", "cause"), legend: "{{cause}}"}}},
+		{title: "Stalls by cause (share)", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1), stack: true,
+			desc:    "Of the gaps between token events over slo.stall_threshold, the share put down to each cause, over the selected sidecars, models and traffic." + def,
+			targets: []target{{expr: share("stall", "cause"), legend: "{{cause}}"}}},
+		{title: "Slow first tokens by cause, per model (share)", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1),
+			desc:    "The share of each cause among each model's slow first tokens (gen_ai_request_model)." + def,
+			targets: []target{{expr: share("ttft", "gen_ai_request_model, cause"), legend: "{{gen_ai_request_model}} {{cause}}"}}},
+		{title: "Stalls by cause, per model (share)", unit: "percentunit", w: 12, h: 8, min: fp(0), max: fp(1),
+			desc:    "The share of each cause among each model's stalls (gen_ai_request_model)." + def,
+			targets: []target{{expr: share("stall", "gen_ai_request_model, cause"), legend: "{{gen_ai_request_model}} {{cause}}"}}},
+		{title: "Slow events/s by cause", unit: "short", w: 24, h: 8, min: fp(0), stack: true,
+			desc:    "Slow first tokens and stalls per second by cause: the counts behind the shares, so that a share of few events reads as such." + def,
+			targets: []target{{expr: `sum by (what, cause) (rate(tokentap_slow_total{` + selT + `}[` + ri + `]))`, legend: "{{what}} {{cause}}"}}},
+	}}
 }
 
 // ---------------------------------------------------------------------------

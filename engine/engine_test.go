@@ -536,3 +536,54 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 		t.Errorf("the redirect's target was scraped %d times", n)
 	}
 }
+
+// WaitingBetween reads the waiting gauge from the last scrape at or
+// before from to the last one before to.
+func TestWaitingBetween(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	sec := func(v float64) time.Time { return t0.Add(time.Duration(v * float64(time.Second))) }
+	s := &Scraper{}
+	got := func(from, to float64) string {
+		var out []string
+		s.WaitingBetween(sec(from), sec(to), func(at time.Time, w float64) { out = append(out, fmt.Sprintf("%v:%v", at.Sub(t0).Seconds(), w)) })
+		return strings.Join(out, " ")
+	}
+	if g := got(0, 1); g != "" {
+		t.Fatalf("no scrape: %q", g)
+	}
+	for i, w := range []float64{0, 3, 2, math.NaN(), 0} {
+		s.hist.add(sample{t: sec(float64(i)), waiting: w, preempt: math.NaN(), kv: math.NaN()})
+	}
+	for _, c := range []struct {
+		from, to float64
+		want     string
+	}{{0.5, 2.5, "0:0 1:3 2:2"}, {1.5, 4.5, "1:3 2:2 4:0"}, {2, 2, ""}, {-1, 3, ""}} {
+		if g := got(c.from, c.to); g != c.want {
+			t.Errorf("WaitingBetween(%v, %v) = %q, want %q", c.from, c.to, g, c.want)
+		}
+	}
+}
+
+// PreemptionsDuring counts a preemption inside a stall, not one at its
+// end (the step after it), unless no scrape falls inside the stall.
+func TestPreemptionsDuring(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
+	s := &Scraper{}
+	for i, p := range []float64{0, 0, 0, 1, 1, 2} { // scrapes every 100 ms: +1 by 300 ms, +1 by 500 ms
+		s.hist.add(sample{t: ms(100 * i), preempt: p, waiting: math.NaN(), kv: math.NaN()})
+	}
+	for _, c := range []struct {
+		from, to, want int
+	}{
+		{50, 290, 0},  // the preemption came after the last scrape inside: the stall's end
+		{50, 310, 1},  // the scrape at 300 ms, inside, saw it
+		{210, 290, 1}, // no scrape inside: the scrapes around it (200, 300)
+		{150, 450, 1},
+		{150, 510, 2},
+	} {
+		if n, ok := s.PreemptionsDuring(ms(c.from), ms(c.to)); !ok || n != c.want {
+			t.Errorf("PreemptionsDuring(%d, %d) = %d, %v; want %d", c.from, c.to, n, ok, c.want)
+		}
+	}
+}

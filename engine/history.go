@@ -189,3 +189,48 @@ func PrefixSource(k Kind) string {
 	}
 	return ""
 }
+
+// WaitingBetween calls fn with the engine's waiting queue at every scrape
+// from the last one at or before from to the last one before to, in
+// order (none when the engine exports no queue): the evidence of a queue
+// while a request waited for its first token (docs/measurement.md §6b,
+// "queue").
+func (s *Scraper) WaitingBetween(from, to time.Time, fn func(at time.Time, waiting float64)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &s.hist
+	if len(h.s) == 0 || h.s[0].t.After(from) {
+		return
+	}
+	for i := h.before(from); i < len(h.s) && h.s[i].t.Before(to); i++ {
+		if w := h.s[i].waiting; !math.IsNaN(w) {
+			fn(h.s[i].t, w)
+		}
+	}
+}
+
+// PreemptionsDuring returns how far the engine's preemption counter
+// advanced during a stall [from, to]: from the last scrape at or before
+// from to the last scrape before to, so that a preemption at the stall's
+// end (the step after it) is not taken for its cause; when no scrape
+// falls inside the stall, to the first scrape at or after to, as
+// PreemptionsBetween. ok is false when unknown (docs/measurement.md
+// §6b, "preemption").
+func (s *Scraper) PreemptionsDuring(from, to time.Time) (n int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &s.hist
+	if len(h.s) == 0 {
+		return 0, false
+	}
+	a := h.before(from)
+	b := sort.Search(len(h.s), func(i int) bool { return !h.s[i].t.Before(to) }) - 1 // the last before to
+	if b <= a || !h.s[b].t.After(from) {
+		return h.preemptions(from, to)
+	}
+	pa, pb := h.s[a].preempt, h.s[b].preempt
+	if math.IsNaN(pa) || math.IsNaN(pb) {
+		return 0, false
+	}
+	return int(math.Max(0, math.Round(pb-pa))), true
+}

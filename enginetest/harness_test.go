@@ -77,14 +77,25 @@ func TestMain(m *testing.M) {
 func setup(t *testing.T) *world {
 	t.Helper()
 	bin := testtool.Need(t, "ollama")
-	setupOnce.Do(func() { shared, setupErr = start(bin) })
+	setupOnce.Do(func() {
+		shared, setupErr = start(bin, engineSpec{parallel: 1, model: gguf.Config{Seed: modelSeed}, modelfile: modelfile})
+	})
 	if setupErr != nil {
 		t.Fatalf("starting ollama: %v", setupErr)
 	}
 	return shared
 }
 
-func start(bin string) (*world, error) {
+// engineSpec is how one ollama serve is started: its sequences served
+// at once (OLLAMA_NUM_PARALLEL), the model it serves as modelName and
+// that model's Modelfile.
+type engineSpec struct {
+	parallel  int
+	model     gguf.Config
+	modelfile string
+}
+
+func start(bin string, spec engineSpec) (*world, error) {
 	dir, err := os.MkdirTemp("", "tokentap-enginetest-")
 	if err != nil {
 		return nil, err
@@ -96,10 +107,10 @@ func start(bin string) (*world, error) {
 		return nil, err
 	}
 
-	if err := gguf.WriteFile(filepath.Join(dir, "tiny.gguf"), gguf.Config{Seed: modelSeed}); err != nil {
+	if err := gguf.WriteFile(filepath.Join(dir, "tiny.gguf"), spec.model); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "Modelfile"), []byte(modelfile), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "Modelfile"), []byte(spec.modelfile), 0o644); err != nil {
 		return nil, err
 	}
 	port, err := freePort()
@@ -112,7 +123,7 @@ func start(bin string) (*world, error) {
 		"OLLAMA_MODELS="+filepath.Join(dir, "models"),
 		"HOME="+filepath.Join(dir, "home"),
 		"OLLAMA_KEEP_ALIVE=1h",
-		"OLLAMA_NUM_PARALLEL=1",
+		fmt.Sprintf("OLLAMA_NUM_PARALLEL=%d", spec.parallel),
 		"OLLAMA_NO_CLOUD=1",
 		"OLLAMA_NOPRUNE=1",
 	)

@@ -40,6 +40,8 @@ const (
 	LResult                   // a structure check's result: pass, fail, unchecked
 	LCheck                    // a structure check that failed (structure.Checks)
 	LTenant                   // the bounded tenant label (package tenant)
+	LWhat                     // a slow event: ttft, stall (package cause)
+	LCause                    // its cause (cause.Pairs)
 	numLabels
 )
 
@@ -53,12 +55,12 @@ type Labels [numLabels]string
 var (
 	promLabel = [numLabels]string{"gen_ai_operation_name", "gen_ai_request_model", "traffic", "probe", "error_type", "outcome",
 		"gen_ai_token_modality", "prompt_class", "output_class", "slo", "threshold", "reason", "load", "target",
-		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused", "result", "check", "tenant"}
+		"gen_ai_provider_name", "gen_ai_token_type", "phase", "conn_reused", "result", "check", "tenant", "what", "cause"}
 	otelAttr = [numLabels]string{"gen_ai.operation.name", "gen_ai.request.model", "tokentap.traffic", "tokentap.probe", "error.type",
 		"tokentap.outcome", "gen_ai.token.modality", "tokentap.prompt_class", "tokentap.output_class", "tokentap.slo",
 		"tokentap.slo.threshold", "tokentap.reason", "tokentap.load", "tokentap.target", "gen_ai.provider.name", "gen_ai.token.type",
 		"tokentap.upstream.phase", "tokentap.upstream.conn_reused", "tokentap.structure.result", "tokentap.structure.check",
-		"tokentap.tenant"}
+		"tokentap.tenant", "tokentap.slow.what", "tokentap.slow.cause"}
 )
 
 // Instrument is one per-request metric.
@@ -107,6 +109,7 @@ const (
 	SLOQualifiedByTenant
 	SLOQualifiedTokensByTenant
 	TenantOutputTokens
+	Slow // the slow events by cause (package cause)
 	numInstruments
 )
 
@@ -271,6 +274,10 @@ var specs = [numInstruments]Spec{
 		Help: "Output tokens of qualified requests by tenant: rate() of it is each tenant's token goodput."},
 	TenantOutputTokens: {Prom: "tokentap_tenant_output_tokens_total", OTel: "tokentap.tenant.output_tokens", Unit: "{token}", Counter: true, Labels: []Label{LTraffic, LTenant},
 		Help: "Output tokens of finished requests by tenant, whether or not they met an SLO (as gen_ai_client_inference_usage_output_tokens_total): each tenant's share of the tokens, by which the cost rules share the replica's cost."},
+	// Why slow (docs/measurement.md §6b): every slow event once, by the
+	// cause that explains it.
+	Slow: {Prom: "tokentap_slow_total", OTel: "tokentap.slow", Unit: "{event}", Counter: true, Labels: []Label{LModel, LTraffic, LWhat, LCause},
+		Help: "Slow events of streamed requests by cause: what=ttft a first token over its SLO's ttft threshold (or slo.slow_ttft), what=stall a gap over the stall threshold; cause connection, queue, long_prefill_ahead (ttft), preemption, prefill_interference (stall) or unexplained (docs/measurement.md, \"Why slow\"). Each event counted once, by the cause that explains most of it."},
 }
 
 // BaseLabels are the labels fixed at a request's start: its key. The
@@ -389,6 +396,10 @@ func Map(r *record.Record, l Labels, gaps bool, emit Emit) {
 			l[LReason] = r.StructureUnchecked
 			emit(StructureUnchecked, 1, &l)
 		}
+	}
+	for i := range r.Causes {
+		l[LWhat], l[LCause] = r.Causes[i].What, r.Causes[i].Cause
+		emit(Slow, 1, &l)
 	}
 	if r.EnergySource != "" && r.EnergySource != "none" && r.OutputTokens > 0 {
 		emit(EnergyPerToken, r.EnergyJ/float64(r.OutputTokens), &l)

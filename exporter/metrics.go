@@ -6,11 +6,13 @@
 package exporter
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/tokentap/tokentap/cause"
 	"github.com/tokentap/tokentap/record"
 )
 
@@ -62,6 +64,28 @@ type Metrics struct {
 	usageInjected prometheus.Counter
 	malformed     *prometheus.CounterVec
 	upstreamUp    prometheus.Gauge
+
+	// slowSeen holds the model and traffic labels whose slow-cause
+	// series exist (slowSeries): as bounded as those labels.
+	slowSeen sync.Map
+}
+
+// slowSeries creates every (what, cause) series of tokentap_slow_total
+// for a model and traffic label the first time they publish, so that a
+// model's first slow event of a cause is a rise from 0 that rate()
+// sees.
+func (m *Metrics) slowSeries(model, traffic string) {
+	key := [2]string{model, traffic}
+	if _, ok := m.slowSeen.Load(key); ok {
+		return
+	}
+	if _, loaded := m.slowSeen.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	vec := m.vecs[Slow].(*prometheus.CounterVec)
+	for _, p := range cause.Pairs {
+		vec.WithLabelValues(model, traffic, p.What, p.Cause)
+	}
 }
 
 func histogramOpts(name, help string, buckets []float64) prometheus.HistogramOpts {
@@ -148,6 +172,9 @@ func New(cfg Config) *Metrics {
 			}
 		}
 	}
+	for _, model := range cfg.Models {
+		m.slowSeries(m.models.Label(model), "live")
+	}
 	return m
 }
 
@@ -227,6 +254,9 @@ func (m *Metrics) Publish(r *record.Record, k record.Key) {
 	)
 	l := BaseLabels(k)
 	l[LProvider] = m.provider
+	if r.Stream {
+		m.slowSeries(l[LModel], l[LTraffic])
+	}
 	Map(r, l, false, func(i Instrument, v float64, l *Labels) {
 		s := &specs[i]
 		values := buf[:len(s.Labels)]

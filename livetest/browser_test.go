@@ -182,6 +182,11 @@ type liveRecord struct {
 	TokenMS    []float64 `json:"token_ms"`
 	TerminalMS *float64  `json:"terminal_ms"`
 	Stalls     int       `json:"stalls"`
+	// Causes: why each slow event was slow (docs/measurement.md §6b).
+	Causes []struct {
+		What, Cause string
+		AtMS        float64 `json:"at_ms"`
+	} `json:"causes"`
 }
 
 func liveData(t *testing.T, admin string) (uint64, []liveRecord, string) {
@@ -234,6 +239,7 @@ type band struct {
 	Left, Width      float64 // CSS pixels from the SVG's left edge
 	FromMS, ToMS     float64 // its data attributes
 	StripID, Outcome string
+	Cause, Tip       string // its data-cause and its tooltip
 }
 
 func TestLivePageInBrowser(t *testing.T) {
@@ -301,7 +307,8 @@ engine: {enabled: "off"}
 	bands, err := chromedp.Run(ctx, chromedp.Evaluate[[]band](`Array.from(document.querySelectorAll("#strips rect.stall")).map(r => {
 		const s = document.getElementById("strips").getBoundingClientRect(), b = r.getBoundingClientRect(), g = r.closest("g.strip");
 		return {Left: b.left - s.left, Width: b.width, FromMS: +r.dataset.fromMs, ToMS: +r.dataset.toMs,
-			StripID: g.dataset.id, Outcome: g.dataset.verdict}; })`))
+			StripID: g.dataset.id, Outcome: g.dataset.verdict, Cause: r.dataset.cause || "",
+			Tip: r.querySelector("title") ? r.querySelector("title").textContent : ""}; })`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,6 +339,16 @@ engine: {enabled: "off"}
 		if b.Outcome != "missed" {
 			t.Errorf("the stalled strip is coloured %q, want missed (max ITL over 500 ms)", b.Outcome)
 		}
+		// Its cause, as the record has it, on hover.
+		want := ""
+		for _, c := range stalled.Causes {
+			if c.What == "stall" && c.AtMS == from {
+				want = c.Cause
+			}
+		}
+		if want == "" || b.Cause != want || !strings.Contains(b.Tip, want) {
+			t.Errorf("stall band %d: cause %q, tooltip %q; the record's cause %q (%+v)", k+1, b.Cause, b.Tip, want, stalled.Causes)
+		}
 	}
 
 	// A request that finishes now appears without a reload.
@@ -353,7 +370,8 @@ engine: {enabled: "off"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(detail, stalled.ID) || !strings.Contains(detail, "max_itl_ms") || strings.Contains(detail, "must never show") {
+	if !strings.Contains(detail, stalled.ID) || !strings.Contains(detail, "max_itl_ms") || strings.Contains(detail, "must never show") ||
+		!strings.Contains(detail, "why") || !strings.Contains(detail, "stall at") {
 		t.Errorf("the record shown on click:\n%s", detail)
 	}
 	screenshot(t, ctx, "live.png")

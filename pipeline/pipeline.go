@@ -9,6 +9,7 @@
 //	  2. canary check                   (probe: quality check, rec.Probe)
 //	  3. SLO verdict                    (slo.Judge: classes, stalls, verdicts)
 //	     engine signals                 (engine.Scraper: preemptions during, stall cause)
+//	     slow causes                    (cause.Attributor: a cause per slow first token and stall)
 //	     workload capture               (capture.Capture: the trace line, live traffic only)
 //	  4. energy hold                    (gpu.Sampler: energy fields; waits ≤ one interval)
 //	  5. spans end                      (tracing: attributes from the record)
@@ -78,6 +79,26 @@ type Options struct {
 	// Capture writes the workload trace, after the verdict (stage 3);
 	// nil: capture off.
 	Capture Capture
+	// Causes attributes the slow first tokens and stalls, after the
+	// engine signals (stage 3); nil: no attribution.
+	Causes Causes
+}
+
+// Causes says why each request was slow (cause.Attributor,
+// docs/measurement.md §6b).
+type Causes interface {
+	// Begin tracks a request from its arrival: rec has its id and
+	// arrival; promptBytes (> 0) is its prompt's size in body bytes.
+	Begin(rec *record.Record, promptBytes int64) CauseEntry
+}
+
+// CauseEntry is one tracked request: Sent stamps when it was written to
+// the engine, First its first token (each once, an atomic store), End
+// attributes its slow events into rec.Causes.
+type CauseEntry = interface {
+	Sent(t time.Time)
+	First(t time.Time)
+	End(rec *record.Record)
 }
 
 // Capture writes one trace line per finished live request
@@ -219,6 +240,7 @@ func New(o Options) *Pipeline {
 	unset(&o.Load)
 	unset(&o.Scorecard)
 	unset(&o.Capture)
+	unset(&o.Causes)
 	if o.Live == nil {
 		o.Live = record.Nop{}
 	}
@@ -255,6 +277,10 @@ type Start struct {
 	// prefix when PromptPartial), set only when CapturingWorkload.
 	Prompt        []byte
 	PromptPartial bool
+	// PromptBytes is the prompt's size in request body bytes, for the
+	// slow causes' long prompts; 0 (the zero value) or negative: a
+	// request the causes do not track (one that occupies no sequence).
+	PromptBytes int64
 }
 
 // Request is one request in flight: the per-event calls the tap makes,
@@ -270,6 +296,7 @@ type Request struct {
 	spans  Spans
 	check  func(*record.Record)
 	cap    CaptureEntry
+	why    CauseEntry
 	ended  bool
 }
 
@@ -284,6 +311,9 @@ func (p *Pipeline) Begin(ctx context.Context, rec *record.Record, s Start) (cont
 	}
 	if p.o.Load != nil {
 		q.load = p.o.Load.Begin()
+	}
+	if p.o.Causes != nil && s.PromptBytes > 0 {
+		q.why = p.o.Causes.Begin(rec, s.PromptBytes)
 	}
 	if s.HTTP != nil && p.o.Tracer != nil {
 		ctx, q.spans = p.o.Tracer.Start(ctx, s.HTTP, rec, s.Upstream, s.Params, s.Body)
@@ -351,6 +381,24 @@ func (q *Request) ResponseModel(name string) {
 	}
 }
 
+// Sent stamps when the request was written to the engine whole, for the
+// slow causes of the requests around it (the engine had it from then):
+// called once per attempt, off the token path (an atomic store).
+func (q *Request) Sent(t time.Time) {
+	if q.why != nil {
+		q.why.Sent(t)
+	}
+}
+
+// FirstToken stamps the request's first token, at t, for the slow
+// causes of the requests around it: called once, at the first token
+// event (an atomic store).
+func (q *Request) FirstToken(t time.Time) {
+	if q.why != nil {
+		q.why.First(t)
+	}
+}
+
 // Tokens counts n tokens produced now, for the energy share (hot path:
 // an atomic add on the request's own counter).
 func (q *Request) Tokens(n int64) {
@@ -412,6 +460,11 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 			}
 			rec.PreemptionsDuring, rec.StallCause = p.o.Engine.Signals(rec, th)
 		})
+	}
+	// Why it was slow: a cause for its slow first token and each stall,
+	// from the other requests' prefill windows and the engine's signals.
+	if q.why != nil {
+		st.run(func() { q.why.End(rec) })
 	}
 	// The workload capture: the request's trace line (its prompt hashed
 	// now, off the token path).

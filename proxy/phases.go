@@ -51,6 +51,9 @@ type phases struct {
 	// runs on.
 	keepConn bool
 	conn     net.Conn
+	// wroteTo, if set, is told when the request was written whole (the
+	// slow causes' registry: pipeline.Request.Sent), once per attempt.
+	wroteTo func(time.Time)
 }
 
 // install sets the hooks and returns ctx with the trace. The hooks are
@@ -176,9 +179,13 @@ func (ph *phases) tlsDoneHook(_ tls.ConnectionState, err error) {
 func (ph *phases) wroteRequestHook(httptrace.WroteRequestInfo) {
 	now := ph.clock.Now()
 	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	if !ph.settled {
+	settled := ph.settled
+	if !settled {
 		ph.wrote = now
+	}
+	ph.mu.Unlock()
+	if !settled && ph.wroteTo != nil {
+		ph.wroteTo(now)
 	}
 }
 

@@ -612,9 +612,14 @@ func (p *Proxy) prepare(st *reqState, w http.ResponseWriter, r *http.Request) (s
 		// token) until usage says; only its prefill weight depends on it.
 		PromptTokens: max(r.ContentLength, 0) / 4,
 		Check:        st.hook.Check,
+		// Its size in bytes, for the slow causes' long prompts: the body
+		// read, or the size its header declared when it was not read
+		// whole (then at least the peek).
+		PromptBytes: max(r.ContentLength, int64(len(whole)), int64(len(info.Prefix))),
 	}
 	if info.API == stream.APIOther {
 		start.PromptTokens = -1 // not understood: no energy share
+		start.PromptBytes = 0   // nor a sequence the slow causes track
 	}
 	if p.opts.Pipeline.Capturing() {
 		start.Body = whole
@@ -666,6 +671,7 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	case st.hook.Timeout > 0:
 		ctx, st.cancel = context.WithTimeout(ctx, st.hook.Timeout)
 	}
+	st.phases.wroteTo = obs.Sent
 	ctx = st.phases.install(ctx, p.clock, switching)
 	ctx, st.cut = context.WithCancelCause(ctx)
 	st.ctx = ctx

@@ -106,6 +106,7 @@ type tap struct {
 	sawUsage    bool
 	usageOut    int64
 	sawPrompt   bool
+	sawToken    bool               // the first token event was stamped (pipeline.Request.FirstToken)
 	hdrOut      int64              // an engine header's output count (stream.EngineHeaders: TGI's x-generated-tokens), -1 if absent
 	idTokens    int64              // per-event token counts summed
 	tokensFrom  stream.TokenSource // weakest per-event source seen; None if some event had none
@@ -442,6 +443,10 @@ func (t *tap) applyChoice(c *stream.Chunk, at time.Time) {
 		}
 		if ok {
 			t.st.obs.Gap(gap)
+		}
+		if !t.sawToken { // once per request: the slow causes' registry
+			t.sawToken = true
+			t.st.obs.FirstToken(at)
 		}
 	}
 }

@@ -112,6 +112,8 @@ var members = func() []member {
 		{name: "preemptions_during", omit: func(r *Record) bool { return r.PreemptionsDuring < 0 },
 			value: integer(func(r *Record) int64 { return int64(r.PreemptionsDuring) })},
 		{name: "stall_cause", omit: func(r *Record) bool { return r.StallCause == "" }, value: str(func(r *Record) string { return r.StallCause })},
+		{name: "causes", omit: func(r *Record) bool { return len(r.Causes) == 0 }, value: func(b []byte, r *Record) []byte { return r.appendCauses(b) }},
+		{name: "causes_cut", omit: func(r *Record) bool { return r.CausesCut <= 0 }, value: integer(func(r *Record) int64 { return int64(r.CausesCut) })},
 		{name: "load", omit: noLoad, value: rounded(func(r *Record) float64 { return r.Load }, 100)},
 		{name: "load_bucket", omit: noLoad, value: str(func(r *Record) string { return r.LoadBucket })},
 		{name: "probe", omit: func(r *Record) bool { return r.Probe == nil }, value: func(b []byte, r *Record) []byte {
@@ -293,4 +295,33 @@ func verdictsJSON(vs []Verdict) []verdictJSON {
 		}
 	}
 	return out
+}
+
+// appendCauses writes the causes as an array of objects: what, cause,
+// ms (µs resolution), at_ms (a stall's start, from Arrive; absent for a
+// first token) and ref (absent when "").
+func (r *Record) appendCauses(b []byte) []byte {
+	b = append(b, '[')
+	for i := range r.Causes {
+		c := &r.Causes[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"what":`...)
+		b = appendJSONString(b, c.What)
+		b = append(b, `,"cause":`...)
+		b = appendJSONString(b, c.Cause)
+		b = append(b, `,"ms":`...)
+		b = strconv.AppendFloat(b, math.Round(c.Ms*1e3)/1e3, 'f', -1, 64)
+		if !c.At.IsZero() {
+			b = append(b, `,"at_ms":`...)
+			b = strconv.AppendFloat(b, ms(c.At.Sub(r.Arrive)), 'f', -1, 64)
+		}
+		if c.Ref != "" {
+			b = append(b, `,"ref":`...)
+			b = appendJSONString(b, c.Ref)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }

@@ -61,6 +61,7 @@ func TestMembersWrittenOnceInOrder(t *testing.T) {
 	r.Structure, r.StructureFailed, r.StructureUnchecked = "fail", []string{"tool_args_schema"}, "request_partial"
 	r.Engine.Known = EngineLoad | EngineQueue | EnginePrompt | EngineDecode | EngineInference | EngineTotal
 	r.Upstream.Asked, r.PreemptionsDuring, r.StallCause = true, 0, "preemption"
+	r.Causes, r.CausesCut = []Cause{{What: "stall", Cause: "preemption", Ms: 1200, At: r.Arrive.Add(time.Second), Ref: "0a1b2c3d-41"}}, 1
 	r.SplitChoices(0)
 	r.ChoiceSlot(1)
 	r.ChoicesUntracked, r.ChoiceIndexUnread = 1, 2

@@ -198,6 +198,13 @@ type Record struct {
 	// StallCause is what coincided with the request's stalls, best
 	// effort: preemption, kv_cache_full, queue_spike, or "".
 	StallCause string
+	// Causes says why the request was slow: one entry per slow event
+	// (its first token over its threshold, each stall), in time order,
+	// at most MaxCauses; CausesCut counts the slow events past the bound,
+	// not attributed. Set when the request ends (package cause); nil
+	// when nothing was slow or attribution is off.
+	Causes    []Cause
+	CausesCut int
 	// Load is the load the request ran under: the time-weighted mean
 	// number of requests in flight through the sidecar during its life,
 	// itself included (so at least 1); LoadBucket is the label of the
@@ -403,3 +410,30 @@ func (r *Record) Gaps(fn func(time.Duration)) {
 		fn(r.TokenAt[i] - r.TokenAt[i-1])
 	}
 }
+
+// Cause is what made one slow event slow (docs/measurement.md §6b, "Why
+// slow"): a first token over its threshold, or a stall. Set by the
+// pipeline's attribution stage (package cause) when the request ends.
+type Cause struct {
+	// What is the slow event: "ttft" or "stall".
+	What string
+	// Cause is one of the bounded cause names (package cause):
+	// connection, queue, long_prefill_ahead (ttft), prefill_interference
+	// (stall), preemption (stall), unexplained.
+	Cause string
+	// Ms is the milliseconds of the event the cause explains: the part of
+	// the first token's wait, or of the stall, that its evidence covers
+	// (for unexplained, the whole wait or stall).
+	Ms float64
+	// At is the stall's start (the token event before the gap); zero for
+	// a first token.
+	At time.Time
+	// Ref is the record id of the request the cause points to (the long
+	// prompt ahead, the prefill that interfered, the request whose end
+	// freed a slot); "" when it points to none. Never content.
+	Ref string
+}
+
+// MaxCauses bounds Causes: a request's first slow events are attributed
+// one by one; the slow events past the bound are counted in CausesCut.
+const MaxCauses = 256

@@ -23,6 +23,12 @@ import (
 // with the first token, finish_reason on the last content chunk, the
 // usage chunk with "choices":[] when asked, "data: [DONE]", and an error
 // object as a data event after HTTP 200 for a mid-stream failure.
+//
+// Every request the engine accepts has an ID in its ground truth
+// (Engine.Truth): the client's X-Request-Id when usable, else the
+// engine's own; the response says it in X-Sim-Request-Id. A request on a
+// connection Engine.Dialer made slow, the first on it, has that delay in
+// its truth.
 type Server struct {
 	Engine  *Engine
 	seq     atomic.Uint64
@@ -126,12 +132,17 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("the prompt (%d tokens) does not fit the KV cache (%d tokens)", prompt, s.Engine.cfg.KVCapacityTokens))
 		return
 	}
-	sq, ok := s.Engine.submit(r.Context(), prompt, keys, maxTokens, req.IgnoreEOS)
+	q := request{prompt: prompt, keys: keys, maxTokens: maxTokens, ignoreEOS: req.IgnoreEOS, conn: s.Engine.takeDial(r.RemoteAddr)}
+	if id := r.Header.Get("X-Request-Id"); validRequestID(id) {
+		q.id = id
+	}
+	sq, ok := s.Engine.submitRequest(r.Context(), q)
 	if !ok {
 		st := s.Engine.cfg.RejectStatus
 		writeError(w, st, "overloaded", "the engine's waiting queue is full")
 		return
 	}
+	w.Header().Set("X-Sim-Request-Id", sq.truth.ID)
 	id := "cmpl-sim-" + strconv.FormatUint(s.seq.Add(1), 10)
 	if chat {
 		id = "chatcmpl-sim-" + strconv.FormatUint(s.seq.Load(), 10)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokentap/tokentap/cause"
 	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/internal/page"
 	"github.com/tokentap/tokentap/record"
@@ -67,12 +68,26 @@ type Card struct {
 	AttainmentLower95 float64  `json:"attainment_lower95"`
 	AttainmentUpper95 float64  `json:"attainment_upper95"`
 	Verdict           string   `json:"verdict"`
+	// MissedByCause counts the SLO's missed requests by why they were
+	// slow (docs/measurement.md §6b): a missed request once under each
+	// (event, cause) pair its record has, and under Cause "none" when it
+	// has none (an error, a slow TPOT with no stall...). Only the pairs
+	// with a request are listed, in cause.Pairs' order, "none" last.
+	MissedByCause []CauseCount `json:"missed_by_cause"`
 	// Knee is the safe-capacity estimate; Curve the attainment and
 	// goodput by load bucket it is read from (buckets with requests).
 	Knee  Knee        `json:"knee"`
 	Curve []LoadPoint `json:"curve"`
 	// Plot is the curve as an inline SVG (HTML only).
 	Plot template.HTML `json:"-"`
+}
+
+// CauseCount is how many of an SLO's missed requests had a slow event
+// (What: ttft, stall) put down to Cause.
+type CauseCount struct {
+	What     string `json:"what,omitempty"`
+	Cause    string `json:"cause"`
+	Requests int64  `json:"requests"`
 }
 
 // Scorecard keeps, per SLO, the sliding-window sums the cards need
@@ -203,6 +218,14 @@ func (sc *Scorecard) card(i int, now time.Time, st *Status) *Card {
 			}
 		}
 	}
+	for k, p := range cause.Pairs {
+		if n := t.missedBy[k]; n > 0 {
+			c.MissedByCause = append(c.MissedByCause, CauseCount{What: p.What, Cause: p.Cause, Requests: n})
+		}
+	}
+	if t.missedNone > 0 {
+		c.MissedByCause = append(c.MissedByCause, CauseCount{Cause: "none", Requests: t.missedNone})
+	}
 	c.TTFTP99Seconds = t.ttft.quantile(0.99)
 	c.ITLP99Seconds = t.itl.quantile(0.99)
 	c.Curve = Curve(sc.buckets, t.offered, t.qualified, t.good, span, st.Target)
@@ -226,6 +249,9 @@ type cardSums struct {
 	goodTokens               int64
 	offered, qualified, good []int64 // per load bucket
 	ttft, itl                latHist
+	// The SLO's missed requests by cause (Card.MissedByCause).
+	missedBy   [len(cause.Pairs)]int64
+	missedNone int64
 }
 
 func newCardWindow(d time.Duration, n, buckets int) *cardWindow {
@@ -252,6 +278,9 @@ func (w *cardWindow) add(now time.Time, r *record.Record, v *record.Verdict, buc
 			tokens = r.OutputTokens
 		}
 		s.goodTokens += tokens
+		if !v.Qualified {
+			s.missed(r)
+		}
 		if bucket >= 0 {
 			if s.offered == nil {
 				s.offered, s.qualified, s.good = make([]int64, w.buckets), make([]int64, w.buckets), make([]int64, w.buckets)
@@ -271,7 +300,26 @@ func (w *cardWindow) add(now time.Time, r *record.Record, v *record.Verdict, buc
 	})
 }
 
+// missed counts a missed request under each (event, cause) pair of its
+// causes, once each; under none when it has none.
+func (s *cardSums) missed(r *record.Record) {
+	var seen [len(cause.Pairs)]bool
+	for _, c := range r.Causes {
+		for k, p := range cause.Pairs {
+			if p.What == c.What && p.Cause == c.Cause && !seen[k] {
+				seen[k] = true
+				s.missedBy[k]++
+			}
+		}
+	}
+	if len(r.Causes) == 0 {
+		s.missedNone++
+	}
+}
+
 type cardTotals struct {
+	missedBy                 [len(cause.Pairs)]int64
+	missedNone               int64
 	span                     time.Duration
 	liveTokens, goodTokens   int64
 	energyJ, energyDynJ      float64
@@ -295,6 +343,10 @@ func (w *cardWindow) totals(now time.Time) cardTotals {
 		}
 		t.ttft.merge(&s.ttft)
 		t.itl.merge(&s.itl)
+		for k := range s.missedBy {
+			t.missedBy[k] += s.missedBy[k]
+		}
+		t.missedNone += s.missedNone
 	})
 	return t
 }
@@ -512,6 +564,7 @@ var _ = template.Must(pageHTML.New("scorecards").Funcs(template.FuncMap{
 	"docs":    func(anchor string) string { return DocsURL + "#" + anchor },
 	"brange":  bucketRange,
 	"kneeMin": func() int { return KneeMinRequests },
+	"whyDocs": func() string { return strings.TrimSuffix(DocsURL, "cost.md") + "measurement.md#6b-why-slow-causes" },
 }).Parse(`<style>td.l{text-align:left}.not_proven,.too_few{color:#777}.meets{color:#070}</style>
 {{range .SLOs}}{{$s := .}}{{with .Scorecard}}
 <h2>Scorecard: {{$s.Name}}</h2>
@@ -524,6 +577,7 @@ var _ = template.Must(pageHTML.New("scorecards").Funcs(template.FuncMap{
 <tr><td class="l"><a href="{{docs "energy-share"}}">energy share per 1M goodput tokens</a></td><td>{{if eq .Energy "off"}}energy off{{else if .EnergyPricePerKWh}}{{opt .EnergyCostPerMillionGoodputTokens ""}} {{.Currency}}{{else}}no energy price declared{{end}}</td><td class="l">that energy at {{if .EnergyPricePerKWh}}{{sig (deref .EnergyPricePerKWh)}} {{.Currency}}/kWh{{else}}the kWh price{{end}} ÷ goodput tokens{{if .EnergyCostPerMillionOutputTokens}} ({{opt .EnergyCostPerMillionOutputTokens ""}} {{.Currency}} per 1M output tokens){{end}}</td></tr>
 <tr><td class="l"><a href="{{docs "ttft-p99-and-itl-p99"}}">TTFT p99</a></td><td>{{ms .TTFTP99Seconds}}</td><td class="l">this SLO's streamed requests, one value each</td></tr>
 <tr><td class="l"><a href="{{docs "ttft-p99-and-itl-p99"}}">ITL p99</a></td><td>{{ms .ITLP99Seconds}}</td><td class="l">every gap between token events of this SLO's requests</td></tr>
+<tr><td class="l"><a href="{{whyDocs}}">missed, by cause</a></td><td class="l">{{range .MissedByCause}}{{if .What}}{{.What}} {{end}}{{.Cause}}: {{.Requests}}<br>{{else}}–{{end}}</td><td class="l">the requests that missed this SLO, once under each cause of a slow first token or stall they had (none: no slow event, e.g. an error or a slow TPOT without a stall)</td></tr>
 <tr><td class="l"><a href="{{docs "attainment-and-its-bound"}}">attainment</a></td><td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}} (≥ {{pct .AttainmentLower95}})</td><td class="l">qualified ÷ offered; the one-sided 95% Wilson lower bound against the target {{pct .Target}}: <span class="{{.Verdict}}">{{.Verdict}}</span></td></tr>
 <tr><td class="l"><a href="{{docs "the-knee"}}">knee</a></td><td>{{with .Knee}}{{if eq .State "estimate"}}load ≤ {{.Bucket}}{{else if eq .State "not_met"}}not met at any load{{else}}not enough evidence{{end}}{{end}}</td><td class="l">{{with .Knee}}{{if eq .State "estimate"}}the highest load bucket whose lower bound meets the target: {{.Evidence}} requests, lower bound {{pct .Lower95}}{{if .Missed}}; proven below target from bucket {{.Missed}}{{end}}{{else if eq .State "not_met"}}every load bucket with evidence is below target (from bucket {{.Missed}}; {{.Evidence}} requests){{else}}no load bucket has the evidence to meet the target yet ({{.Evidence}} requests in all){{end}}{{end}}</td></tr>
 </table>

@@ -290,3 +290,39 @@ func TestLatencyHistogram(t *testing.T) {
 		t.Errorf("zero: %v", got)
 	}
 }
+
+// The card counts the SLO's missed requests by cause: once under each
+// (event, cause) pair a missed request had, "none" for a missed one with
+// no slow event; qualified requests not at all.
+func TestScorecardMissedByCause(t *testing.T) {
+	book, sc, now := scored(config.Cost{}, false, nil)
+	j := NewJudge(book.cfg)
+	add := func(r *record.Record, cs ...record.Cause) {
+		judged(j, r)
+		r.Causes = cs
+		book.Add(r)
+		sc.Add(r)
+	}
+	q := record.Cause{What: "ttft", Cause: "queue", Ms: 700}
+	st := record.Cause{What: "stall", Cause: "prefill_interference", Ms: 900, Ref: "r-1"}
+	add(rec(record.Success, 10, 700, 710), q)         // missed: ttft queue
+	add(rec(record.Success, 10, 700, 710), q, st, st) // missed: ttft queue, stall prefill_interference (once)
+	add(rec(record.Error, 0))                         // missed: no slow event
+	add(rec(record.Success, 10, 100, 110), st)        // qualified: not counted
+	*now = now.Add(time.Second)
+	c := sc.Page(*now).SLOs[0].Scorecard
+	want := []CauseCount{{"ttft", "queue", 2}, {"stall", "prefill_interference", 1}, {"", "none", 1}}
+	if len(c.MissedByCause) != len(want) {
+		t.Fatalf("missed by cause %+v, want %+v", c.MissedByCause, want)
+	}
+	for i := range want {
+		if c.MissedByCause[i] != want[i] {
+			t.Errorf("missed by cause %+v, want %+v", c.MissedByCause, want)
+		}
+	}
+	w := httptest.NewRecorder()
+	sc.ServeHTTP(w, httptest.NewRequest("GET", "/slo", nil))
+	if b := w.Body.String(); !strings.Contains(b, "missed, by cause") || !strings.Contains(b, "ttft queue: 2") {
+		t.Errorf("the page does not list the missed requests by cause:\n%s", b)
+	}
+}

@@ -292,6 +292,13 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	if rec.StallCause != "" {
 		add(attribute.String("tokentap.stall_cause", rec.StallCause))
 	}
+	if len(rec.Causes) > 0 { // why it was slow: "what:cause" per slow event, in time order (docs/tracing.md)
+		whys := make([]string, len(rec.Causes))
+		for i, c := range rec.Causes {
+			whys[i] = c.What + ":" + c.Cause
+		}
+		add(attribute.StringSlice("tokentap.slow.causes", whys))
+	}
 	if len(rec.SLO) > 0 {
 		qualified := true
 		var failed []string
@@ -337,15 +344,26 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	}
 	cl.SetAttributes(a...)
 	if !rec.FirstToken.IsZero() {
-		cl.AddEvent("gen_ai.first_token", trace.WithTimestamp(rec.FirstToken))
+		var attrs []attribute.KeyValue
+		if len(rec.Causes) > 0 && rec.Causes[0].What == "ttft" {
+			attrs = causeAttrs(attrs, &rec.Causes[0])
+		}
+		cl.AddEvent("gen_ai.first_token", trace.WithTimestamp(rec.FirstToken), trace.WithAttributes(attrs...))
 	}
 	if th := s.t.opts.StallThreshold; th > 0 {
-		n := 0
+		n, j := 0, 0 // j: the next stall cause to match, by its start
 		for i := 1; i < len(rec.TokenAt) && n < MaxStallEvents; i++ {
 			if gap := rec.TokenAt[i] - rec.TokenAt[i-1]; gap > th {
 				attrs := []attribute.KeyValue{attribute.Float64("tokentap.gap", gap.Seconds())}
 				if rec.PreemptionsDuring >= 0 { // the request's count: the engine's counter is not per stall
 					attrs = append(attrs, attribute.Int("tokentap.preemptions_during", rec.PreemptionsDuring))
+				}
+				start := rec.Arrive.Add(rec.TokenAt[i-1])
+				for j < len(rec.Causes) && (rec.Causes[j].What != "stall" || rec.Causes[j].At.Before(start)) {
+					j++
+				}
+				if j < len(rec.Causes) && rec.Causes[j].At.Equal(start) {
+					attrs = causeAttrs(attrs, &rec.Causes[j])
 				}
 				cl.AddEvent("tokentap.stall", trace.WithTimestamp(rec.Arrive.Add(rec.TokenAt[i])), trace.WithAttributes(attrs...))
 				n++
@@ -357,6 +375,17 @@ func (s *Spans) End(rec *record.Record, captured []byte) {
 	}
 	cl.End(trace.WithTimestamp(end))
 	s.server.End(trace.WithTimestamp(end))
+}
+
+// causeAttrs adds a slow event's cause to its span event: the cause, the
+// milliseconds it explains, and the record id it points to (never
+// content).
+func causeAttrs(attrs []attribute.KeyValue, c *record.Cause) []attribute.KeyValue {
+	attrs = append(attrs, attribute.String("tokentap.slow.cause", c.Cause), attribute.Float64("tokentap.slow.cause_ms", c.Ms))
+	if c.Ref != "" {
+		attrs = append(attrs, attribute.String("tokentap.slow.ref", c.Ref))
+	}
+	return attrs
 }
 
 // part and message are the conventions' message parts and messages

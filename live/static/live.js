@@ -58,6 +58,37 @@
     return t;
   }
 
+  // why describes one slow event's cause (docs/measurement.md §6b):
+  // the cause, the milliseconds it explains, the request it points to
+  // (by record id, never content).
+  function why(c) {
+    return (c.what === "ttft" ? "slow first token" : "stall at " + fmt(c.at_ms, 1) + " ms") + ": " + c.cause + ", " +
+      fmt(c.ms, 1) + " ms" + (c.ref ? ", request " + c.ref : "");
+  }
+  // causeOf returns the record's cause of its first token (atMs null)
+  // or of the stall that starts at atMs; null when none.
+  function causeOf(r, what, atMs) {
+    var cs = r.causes || [];
+    for (var i = 0; i < cs.length; i++) {
+      if (cs[i].what === what && (atMs === null || Math.abs(cs[i].at_ms - atMs) < 0.002)) return cs[i];
+    }
+    return null;
+  }
+  // causeAttrs are the data attributes of a mark with a cause.
+  function causeAttrs(attrs, c) {
+    if (c) { attrs["data-cause"] = c.cause; attrs["data-ms"] = c.ms; if (c.ref) attrs["data-ref"] = c.ref; }
+    return attrs;
+  }
+  // markRefs outlines the strips r's causes point to.
+  function markRefs(r) {
+    var svg = document.getElementById("strips");
+    svg.querySelectorAll(".strip.ref").forEach(function (s) { s.classList.remove("ref"); });
+    (r && r.causes || []).forEach(function (c) {
+      if (!c.ref) return;
+      svg.querySelectorAll(".strip").forEach(function (s) { if (s.getAttribute("data-id") === c.ref) s.classList.add("ref"); });
+    });
+  }
+
   function drawStrips() {
     var svg = document.getElementById("strips");
     clear(svg);
@@ -106,11 +137,21 @@
       el("rect", { "class": "bg", x: x(a), y: y, width: Math.max(end(r) * scale, 1), height: BAR, fill: FILL[v] }, g);
       el("line", { "class": "arrive", x1: x(a), x2: x(a), y1: y - 1, y2: y + BAR + 1, stroke: "#333", "stroke-width": 2 }, g);
       var tm = r.token_ms || [], per = r.tokens_per_event;
-      // Stalls: gaps between token events above the threshold.
+      // A slow first token: a band under the wait, with its cause.
+      var fc = causeOf(r, "ttft", null);
+      if (fc && r.ttft_ms !== null && r.ttft_ms !== undefined) {
+        var sf = el("rect", causeAttrs({ "class": "slowfirst", x: x(a), y: y + BAR - 3, width: Math.max(r.ttft_ms * scale, 1), height: 3,
+          fill: "#ff9800" }, fc), g);
+        el("title", {}, sf).textContent = why(fc);
+      }
+      // Stalls: gaps between token events above the threshold, each
+      // with its cause when attributed.
       for (var k = 1; k < tm.length; k++) {
         if (tm[k] - tm[k - 1] > threshold) {
-          el("rect", { "class": "stall", x: x(a + tm[k - 1]), y: y + 1, width: Math.max((tm[k] - tm[k - 1]) * scale, 1), height: BAR - 2,
-            fill: "#e53935", "fill-opacity": 0.55, "data-from-ms": tm[k - 1], "data-to-ms": tm[k] }, g);
+          var sc = causeOf(r, "stall", tm[k - 1]);
+          var st = el("rect", causeAttrs({ "class": "stall", x: x(a + tm[k - 1]), y: y + 1, width: Math.max((tm[k] - tm[k - 1]) * scale, 1), height: BAR - 2,
+            fill: "#e53935", "fill-opacity": 0.55, "data-from-ms": tm[k - 1], "data-to-ms": tm[k] }, sc), g);
+          if (sc) el("title", {}, st).textContent = why(sc);
         }
       }
       // Token events: one path of ticks; multi-token events taller.
@@ -132,7 +173,8 @@
       if (r.preemptions_during > 0) {
         el("text", { "class": "preempt", x: x(a + end(r)) + 4, y: y + BAR - 2, "font-size": 10, fill: "#e65100" }, g).textContent = "P" + r.preemptions_during;
       }
-      el("title", {}, g).textContent = r.id + (r.tenant ? " (tenant " + r.tenant + ")" : "") + ": " + r.outcome + ", " + (r.output_tokens >= 0 ? r.output_tokens : "?") + " tokens, TTFT " + fmt(r.ttft_ms, 1) + " ms, " + (r.stalls || 0) + " stalls";
+      el("title", {}, g).textContent = r.id + (r.tenant ? " (tenant " + r.tenant + ")" : "") + ": " + r.outcome + ", " + (r.output_tokens >= 0 ? r.output_tokens : "?") + " tokens, TTFT " + fmt(r.ttft_ms, 1) + " ms, " + (r.stalls || 0) + " stalls" +
+        (r.causes || []).map(function (c) { return "\n" + why(c); }).join("");
       g.addEventListener("mouseenter", function () { if (selected === null) showRecord(r); });
       g.addEventListener("click", function () {
         selected = selected === r.id ? null : r.id;
@@ -148,6 +190,14 @@
   function showRecord(r) {
     var t = document.getElementById("detail");
     clear(t);
+    // Why it was slow first, each cause pointing to its request (whose
+    // strip is outlined when shown).
+    (r.causes || []).forEach(function (c) {
+      var tr = html("tr", null, t, "why");
+      html("td", "why", tr);
+      html("td", why(c), tr);
+    });
+    markRefs(r);
     Object.keys(r).forEach(function (k) {
       if (k.charAt(0) === "_") return;
       var v = r[k], tr = html("tr", null, t);
