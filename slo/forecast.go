@@ -24,7 +24,8 @@ import (
 //     lower bound is the breach load;
 //   - the load's trend: the SLO's finished requests are grouped, in the
 //     order they finish, into samples of at least one resolution
-//     (window ÷ 30) and at least Forecast.MinRequests requests; each
+//     (window ÷ 30) and at least Forecast.MinRequests requests (10, or
+//     2 / (1 − target) when more); each
 //     sample is the point (the mean midpoint of its requests' lives, the
 //     target-quantile of the loads they ran under). Least squares fits a
 //     line to the samples of the last window, with the standard errors
@@ -72,6 +73,10 @@ const (
 	// forecastReservoir bounds the loads one sample keeps (a uniform
 	// reservoir past it), so memory does not grow with the request rate.
 	forecastReservoir = 4096
+	// forecastMinRequests is the fewest requests a sample takes; a
+	// target above 0.8 takes 2 / (1 − target) (20 for 0.9, 200 for 0.99),
+	// so that the sample's target-quantile is not its largest load.
+	forecastMinRequests = 10
 )
 
 // Forecast is one SLO's breach forecast, as /slo shows it. A null figure
@@ -150,7 +155,7 @@ type loadSample struct {
 }
 
 func newLoadTrend(target float64, window time.Duration) *loadTrend {
-	minN := int64(KneeMinRequests)
+	minN := int64(forecastMinRequests)
 	if target < 1 {
 		minN = max(minN, int64(math.Ceil(2/(1-target)-1e-9)))
 	}

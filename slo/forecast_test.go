@@ -245,8 +245,8 @@ func TestLoadTrendSample(t *testing.T) {
 	if m := big.samples[0].load; m < 450 || m > 550 {
 		t.Errorf("median of a uniform 0..999 from the reservoir: %v", m)
 	}
-	// The fewest requests per sample: 20, or 2 / (1 − target).
-	for target, want := range map[float64]int64{0.5: 20, 0.9: 20, 0.95: 40, 0.99: 200, 0.999: 2000, 0.99999: 4096} {
+	// The fewest requests per sample: 10, or 2 / (1 − target).
+	for target, want := range map[float64]int64{0.5: 10, 0.8: 10, 0.9: 20, 0.95: 40, 0.99: 200, 0.999: 2000, 0.99999: 4096} {
 		if got := newLoadTrend(target, time.Minute).minN; got != want {
 			t.Errorf("target %v: %d requests per sample, want %d", target, got, want)
 		}
