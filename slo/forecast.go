@@ -38,7 +38,7 @@ import (
 // around it (for Poisson arrivals their variance is about 2L/3). The SLO
 // is missed once more than 1 − target of the requests run where it
 // fails, which happens when the target-quantile of their loads, not
-// their mean, enters the breach bucket; at a mean load of 10 a sixth of
+// their mean, enters the breach bucket; at a mean load of 10 a fifth of
 // the requests run above 12.
 //
 // Nothing is made up: without a proven-missed bucket, without
