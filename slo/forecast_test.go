@@ -1,7 +1,9 @@
 package slo
 
 import (
+	"encoding/json"
 	"math"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +100,21 @@ func TestForecastOfAStraightRise(t *testing.T) {
 	}
 	if got := gaugeValue(t, reg, "tokentap_slo_breach_forecast_seconds"); math.Abs(got-696.05) > 1e-3 {
 		t.Errorf("tokentap_slo_breach_forecast_seconds %v", got)
+	}
+	// The JSON carries it under the SLO's card.
+	w := httptest.NewRecorder()
+	sc.ServeHTTP(w, httptest.NewRequest("GET", "/slo?format=json", nil))
+	var doc struct {
+		SLOs []struct {
+			Scorecard struct {
+				Forecast *Forecast `json:"breach_forecast"`
+			} `json:"scorecard"`
+		} `json:"slos"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil || len(doc.SLOs) != 1 || doc.SLOs[0].Scorecard.Forecast == nil ||
+		doc.SLOs[0].Scorecard.Forecast.State != ForecastInHorizon || *doc.SLOs[0].Scorecard.Forecast.Seconds != *fc.Seconds ||
+		!strings.Contains(w.Body.String(), `"breach_bucket": "16"`) {
+		t.Errorf("JSON: %v\n%s", err, w.Body.String())
 	}
 	// The page says it, with its evidence.
 	html := pageBody(t, sc)
