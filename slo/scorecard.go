@@ -80,7 +80,7 @@ type Card struct {
 
 // Scorecard keeps, per SLO, the sliding-window sums the cards need
 // beyond the Book's counts, serves /slo with the cards, and exports the
-// knee as gauges. Add is called once per finished request, never per
+// knee and the breach forecast as gauges. Add is called once per finished request, never per
 // token.
 type Scorecard struct {
 	book    *Book
@@ -374,8 +374,9 @@ func (h *latHist) quantile(q float64) *float64 {
 }
 
 // kneeCollector exports each SLO's knee over its window (this
-// instance's view), and the load buckets' bounds, which let PromQL turn
-// the load label back into a number (the knee rules).
+// instance's view) and its breach forecast (forecast.go), and the load
+// buckets' bounds, which let PromQL turn the load label back into a
+// number (the knee rules).
 type kneeCollector struct{ sc *Scorecard }
 
 var (
