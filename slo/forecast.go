@@ -25,11 +25,11 @@ import (
 //   - the load's trend: the SLO's finished requests are grouped, in the
 //     order they finish, into samples of at least one resolution
 //     (window ÷ 30) and at least Forecast.MinRequests requests (10, or
-//     2 / (1 − target) when more); each
-//     sample is the point (the mean midpoint of its requests' lives, the
-//     target-quantile of the loads they ran under). Least squares fits a
-//     line to the samples of the last window, with the standard errors
-//     of its level now and of its slope;
+//     2 / (1 − target) when more); each sample is the point (the mean
+//     midpoint of its requests' lives, the target-quantile of the loads
+//     they ran under). Least squares fits a line to the samples of the
+//     last window, with the standard errors of its level now and of its
+//     slope;
 //   - the forecast: the time until the line reaches the breach load.
 //
 // Why the target-quantile of the requests' loads and not the mean load:
