@@ -263,13 +263,14 @@ func (s *Sidecar) newPipeline(ctx context.Context, judge *slo.Judge) (*pipeline.
 	}
 
 	// The end-of-request pipeline (package pipeline draws its stages).
-	// /slo adds the scorecard (cost, energy, latency tail, the knee) to
-	// the book's rows; the declared prices are exported for the cost
-	// rules (docs/cost.md).
+	// /slo adds the scorecard (cost, energy, latency tail, the knee, the
+	// breach forecast) to the book's rows; the declared prices are
+	// exported for the cost rules (docs/cost.md).
 	book := slo.NewBook(cfg.SLO, metrics.Registry)
 	load := slo.NewLoadMeter(slo.NewLoadBuckets(cfg.Capacity))
 	scorecard := slo.NewScorecard(book, load.Buckets(), cfg.Cost, s.sampler != nil, metrics.Registry)
 	scorecard.SetSynthetic(synthetic)
+	scorecard.SetForecast(cfg.Capacity)
 	if s.capture != nil && cfg.Reuse.On(cfg.Capture.File != "") {
 		scorecard.SetPrefixReuse(s.prefixReuse)
 	}

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"time"
 )
 
 // Cost is the cost section: the declared price of the replica this
@@ -105,7 +106,25 @@ type Capacity struct {
 	// a last, open bucket (+Inf) is implied. Empty means
 	// DefaultLoadBuckets. At most MaxLoadBuckets.
 	LoadBuckets []float64 `yaml:"load_buckets"`
+	// ForecastWindow is how far back the breach forecast fits the load's
+	// trend (docs/measurement.md, the breach forecast); 0 means
+	// DefaultForecastWindow. Within [MinForecastWindow,
+	// MaxForecastWindow].
+	ForecastWindow time.Duration `yaml:"forecast_window"`
+	// ForecastHorizon is how far ahead the forecast may reach: a breach
+	// further away is not forecast. 0 means DefaultForecastHorizon; at
+	// most MaxForecastHorizon.
+	ForecastHorizon time.Duration `yaml:"forecast_horizon"`
 }
+
+// The breach forecast's window and horizon: defaults and bounds.
+const (
+	DefaultForecastWindow  = 15 * time.Minute
+	MinForecastWindow      = time.Minute
+	MaxForecastWindow      = 24 * time.Hour
+	DefaultForecastHorizon = time.Hour
+	MaxForecastHorizon     = 7 * 24 * time.Hour
+)
 
 // MaxLoadBuckets bounds the load label's values (each SLO has three
 // counters per bucket).
@@ -122,6 +141,12 @@ func DefaultLoadBuckets() []float64 {
 func (c Capacity) WithDefaults() Capacity {
 	if len(c.LoadBuckets) == 0 {
 		c.LoadBuckets = DefaultLoadBuckets()
+	}
+	if c.ForecastWindow == 0 {
+		c.ForecastWindow = DefaultForecastWindow
+	}
+	if c.ForecastHorizon == 0 {
+		c.ForecastHorizon = DefaultForecastHorizon
 	}
 	return c
 }
@@ -142,6 +167,12 @@ func (c Capacity) Validate() []error {
 			errs = append(errs, fmt.Errorf("capacity.load_buckets: must increase, got %v after %v", v, b[i-1]))
 			break
 		}
+	}
+	if w := c.ForecastWindow; w != 0 && (w < MinForecastWindow || w > MaxForecastWindow) {
+		errs = append(errs, fmt.Errorf("capacity.forecast_window: must be within [%v, %v], got %v", MinForecastWindow, MaxForecastWindow, w))
+	}
+	if h := c.ForecastHorizon; h < 0 || h > MaxForecastHorizon {
+		errs = append(errs, fmt.Errorf("capacity.forecast_horizon: must not be negative or above %v, got %v", MaxForecastHorizon, h))
 	}
 	return errs
 }

@@ -3,8 +3,11 @@ package config
 import (
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCostForms(t *testing.T) {
@@ -75,6 +78,32 @@ func TestCapacityBuckets(t *testing.T) {
 		if len(errs) == 0 || !strings.Contains(errs[0].Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.b, errs, c.want)
 		}
+	}
+}
+
+// The breach forecast's window and horizon: defaults, bounds, every
+// problem named, and the keys read from a file.
+func TestCapacityForecast(t *testing.T) {
+	d := (Capacity{}).WithDefaults()
+	if d.ForecastWindow != DefaultForecastWindow || d.ForecastHorizon != DefaultForecastHorizon {
+		t.Fatalf("defaults: window %v, horizon %v", d.ForecastWindow, d.ForecastHorizon)
+	}
+	errs := Capacity{ForecastWindow: 30 * time.Second, ForecastHorizon: -time.Minute}.Validate()
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "capacity.forecast_window: must be within [1m0s, 24h0m0s], got 30s") ||
+		!strings.Contains(errs[1].Error(), "capacity.forecast_horizon: must not be negative or above 168h0m0s, got -1m0s") {
+		t.Fatalf("errors: %v", errs)
+	}
+	if errs := (Capacity{ForecastWindow: 25 * time.Hour, ForecastHorizon: 8 * 24 * time.Hour}).Validate(); len(errs) != 2 {
+		t.Fatalf("errors: %v", errs)
+	}
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(file, []byte("capacity:\n  forecast_window: 5m\n  forecast_horizon: 2h\n"), 0o644)
+	c, err := Load([]string{"--config", file}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Capacity.ForecastWindow != 5*time.Minute || c.Capacity.ForecastHorizon != 2*time.Hour {
+		t.Fatalf("from the file: %+v", c.Capacity)
 	}
 }
 

@@ -224,6 +224,14 @@ func costRow() row {
 				{expr: `sum by (instance) (tokentap_requests_in_flight{` + sel + `})`, legend: "{{instance}} in flight"},
 				{expr: `max by (instance, slo) (tokentap_slo_knee_load{` + selSLO + `})`, legend: "{{instance}} {{slo}} knee"},
 			}},
+		{kind: kStat, title: "Breach forecast: the earliest sidecar (fleet)", unit: "s", w: 8, h: 8, min: fp(0), noValue: "no breach forecast",
+			desc: "Per SLO, the earliest of the sidecars' breach forecasts (slo:tokentap_breach_forecast_seconds:min): the time until a sidecar's load, the SLO's target-quantile of the loads its requests ran under fitted by least squares over capacity.forecast_window, reaches the first load bucket its curve proves missed; 0: it is there now (docs/measurement.md, the breach forecast; docs/cost.md, the breach forecast). " +
+				"No value: no sidecar has the evidence (a bucket proven missed, a fit, a rise proven at 95%) or a breach within its horizon; never a guess. TokentapSLOBreachForecast fires under 30 minutes (docs/alerts.md)." + costFleet,
+			targets: []target{{expr: `slo:tokentap_breach_forecast_seconds:min{slo=~"$slo"}`, legend: "{{slo}}"}}},
+		{title: "Breach forecast per sidecar", unit: "s", w: 16, h: 8, min: fp(0),
+			desc: "Each sidecar's forecast per SLO (tokentap_slo_breach_forecast_seconds; docs/metrics.md): the seconds until its load's trend reaches its own breach bucket, counting down as a ramp nears it; gaps are times without the evidence for one (docs/measurement.md, the breach forecast). " +
+				"/slo on the sidecar shows the evidence: the breach bucket and the knee, the fitted load and slope with their errors, the samples.",
+			targets: []target{{expr: `max by (instance, slo) (tokentap_slo_breach_forecast_seconds{` + selSLO + `})`, legend: "{{instance}} {{slo}}"}}},
 	}}
 }
 

@@ -61,6 +61,16 @@ slo:
       window: 30s
       thresholds: {e2e: 10s}
       count_cancelled: false
+    # The breach forecast's panels need a forecast: an SLO no request
+    # meets (the simulator takes more than 1 ms) is proven missed in every
+    # load bucket with 20 requests, so the load is in its breach bucket
+    # now (0 s) once the forecast's fit has its samples: 10 of at least 10
+    # requests spanning 30 s of capacity.forecast_window below.
+    - name: never
+      target: 0.5
+      window: 30s
+      thresholds: {e2e: 1ms}
+      count_cancelled: false
     # The structure panels: every fifth request asks for a JSON output,
     # which the simulator's words are not (output_invalid_json, or
     # truncated_json when cut by max_tokens).
@@ -82,6 +92,9 @@ probes:
       max_tokens: 4
       prompt: "What is the capital of France?"
       expect: {contains: Paris}
+# The breach forecast's shortest window: its fit within the 40 s of load.
+capacity:
+  forecast_window: 1m
 # Tenants on (their panels need the per-tenant series): with no key
 # sent, every request is tenant _none.
 tenant:

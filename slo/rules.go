@@ -155,12 +155,14 @@ func Rules(p RuleParams) ruleFile {
 				"runbook":     "docs/slo.md#alerts",
 			},
 		},
+		forecastAlert(rng), // forecast_rules.go
 	}
 	return ruleFile{Groups: []ruleGroup{
 		{Name: "tokentap-slo-recording", Rules: rec},
-		{Name: "tokentap-cost-recording", Rules: costRules(rng)},     // cost_rules.go
-		{Name: "tokentap-knee-recording", Rules: kneeRules(rng)},     // cost_rules.go
-		{Name: "tokentap-tenant-recording", Rules: tenantRules(rng)}, // tenant_rules.go
+		{Name: "tokentap-cost-recording", Rules: costRules(rng)},      // cost_rules.go
+		{Name: "tokentap-knee-recording", Rules: kneeRules(rng)},      // cost_rules.go
+		{Name: "tokentap-tenant-recording", Rules: tenantRules(rng)},  // tenant_rules.go
+		{Name: "tokentap-forecast-recording", Rules: forecastRules()}, // forecast_rules.go
 		{Name: "tokentap-slo-alerts", Rules: alerts},
 		{Name: "tokentap-engine-alerts", Rules: engineAlerts(rng)}, // engine_rules.go
 	}}

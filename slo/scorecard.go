@@ -78,6 +78,9 @@ type Card struct {
 	// goodput by load bucket it is read from (buckets with requests).
 	Knee  Knee        `json:"knee"`
 	Curve []LoadPoint `json:"curve"`
+	// Forecast is the breach forecast read off the knee and the load's
+	// trend (forecast.go).
+	Forecast *Forecast `json:"breach_forecast"`
 	// Plot is the curve as an inline SVG (HTML only).
 	Plot template.HTML `json:"-"`
 }
@@ -92,7 +95,7 @@ type CauseCount struct {
 
 // Scorecard keeps, per SLO, the sliding-window sums the cards need
 // beyond the Book's counts, serves /slo with the cards, and exports the
-// knee as gauges. Add is called once per finished request, never per
+// knee and the breach forecast as gauges. Add is called once per finished request, never per
 // token.
 type Scorecard struct {
 	book    *Book
@@ -106,6 +109,10 @@ type Scorecard struct {
 	// prefix returns the prefix reuse section (SetPrefixReuse); nil:
 	// none.
 	prefix func(time.Time) *PrefixReuse
+	// The breach forecast (SetForecast): the load trends, parallel to
+	// windows, and the horizon.
+	trends  []*loadTrend
+	horizon time.Duration
 }
 
 // SetSynthetic makes /slo say, as a warning, what on it is made up (the
@@ -124,6 +131,7 @@ func NewScorecard(book *Book, buckets LoadBuckets, cost config.Cost, energyOn bo
 	for _, o := range book.cfg.Objectives {
 		sc.windows = append(sc.windows, newCardWindow(o.Window, 60, buckets.Len()))
 	}
+	sc.SetForecast(config.Capacity{})
 	if reg != nil {
 		reg.MustRegister(kneeCollector{sc})
 	}
@@ -145,6 +153,9 @@ func (sc *Scorecard) Add(r *record.Record) {
 			}
 		}
 		sc.windows[i].add(now, r, v, bucket)
+		if v != nil && hasLoad {
+			sc.trends[i].add(now, r.Load, requestLife(r))
+		}
 	}
 }
 
@@ -231,6 +242,7 @@ func (sc *Scorecard) card(i int, now time.Time, st *Status) *Card {
 	c.Curve = Curve(sc.buckets, t.offered, t.qualified, t.good, span, st.Target)
 	c.Knee = EstimateKnee(c.Curve)
 	c.Plot = plotCurve(c.Curve, st.Target, c.Knee)
+	c.Forecast = sc.trends[i].forecast(now, c.Knee, c.Curve, sc.horizon)
 	return c
 }
 
@@ -414,8 +426,9 @@ func (h *latHist) quantile(q float64) *float64 {
 }
 
 // kneeCollector exports each SLO's knee over its window (this
-// instance's view), and the load buckets' bounds, which let PromQL turn
-// the load label back into a number (the knee rules).
+// instance's view) and its breach forecast (forecast.go), and the load
+// buckets' bounds, which let PromQL turn the load label back into a
+// number (the knee rules).
 type kneeCollector struct{ sc *Scorecard }
 
 var (
@@ -424,6 +437,9 @@ var (
 		[]string{LabelSLO}, nil)
 	kneeEvidenceDesc = prometheus.NewDesc("tokentap_slo_knee_evidence_requests",
 		"Requests offered to the SLO in the knee's load bucket over the SLO's /slo window (present with tokentap_slo_knee_load).",
+		[]string{LabelSLO}, nil)
+	breachForecastDesc = prometheus.NewDesc("tokentap_slo_breach_forecast_seconds",
+		"This instance's breach forecast per SLO: the seconds until the load (the SLO's target-quantile of the loads its requests ran under, fitted by least squares over capacity.forecast_window) reaches the first load bucket proven to miss the target; 0: it is there now. Absent without a proven-missed bucket, without enough samples, without a rise proven at 95%, or beyond capacity.forecast_horizon.",
 		[]string{LabelSLO}, nil)
 	loadBoundDesc = prometheus.NewDesc("tokentap_slo_load_bucket_bound",
 		"The upper bound of each load bucket, by its load label: the knee rules read it to turn the label into a number.",
@@ -434,6 +450,7 @@ func (k kneeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- kneeLoadDesc
 	ch <- kneeEvidenceDesc
 	ch <- loadBoundDesc
+	ch <- breachForecastDesc
 }
 
 func (k kneeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -444,7 +461,11 @@ func (k kneeCollector) Collect(ch chan<- prometheus.Metric) {
 	now := sc.book.clock()
 	for i, o := range sc.book.cfg.Objectives {
 		t := sc.windows[i].totals(now)
-		knee := EstimateKnee(Curve(sc.buckets, t.offered, t.qualified, t.good, rateSpan(t.span.Seconds()), o.Target))
+		curve := Curve(sc.buckets, t.offered, t.qualified, t.good, rateSpan(t.span.Seconds()), o.Target)
+		knee := EstimateKnee(curve)
+		if fc := sc.trends[i].forecast(now, knee, curve, sc.horizon); fc.Exported() {
+			ch <- prometheus.MustNewConstMetric(breachForecastDesc, prometheus.GaugeValue, *fc.Seconds, o.Name)
+		}
 		if knee.State != KneeEstimate {
 			continue
 		}
@@ -580,6 +601,7 @@ var _ = template.Must(pageHTML.New("scorecards").Funcs(template.FuncMap{
 <tr><td class="l"><a href="{{whyDocs}}">missed, by cause</a></td><td class="l">{{range .MissedByCause}}{{if .What}}{{.What}} {{end}}{{.Cause}}: {{.Requests}}<br>{{else}}–{{end}}</td><td class="l">the requests that missed this SLO, once under each cause of a slow first token or stall they had (none: no slow event, e.g. an error or a slow TPOT without a stall)</td></tr>
 <tr><td class="l"><a href="{{docs "attainment-and-its-bound"}}">attainment</a></td><td>{{if .Attainment}}{{pct (deref .Attainment)}}{{else}}–{{end}} (≥ {{pct .AttainmentLower95}})</td><td class="l">qualified ÷ offered; the one-sided 95% Wilson lower bound against the target {{pct .Target}}: <span class="{{.Verdict}}">{{.Verdict}}</span></td></tr>
 <tr><td class="l"><a href="{{docs "the-knee"}}">knee</a></td><td>{{with .Knee}}{{if eq .State "estimate"}}load ≤ {{.Bucket}}{{else if eq .State "not_met"}}not met at any load{{else}}not enough evidence{{end}}{{end}}</td><td class="l">{{with .Knee}}{{if eq .State "estimate"}}the highest load bucket whose lower bound meets the target: {{.Evidence}} requests, lower bound {{pct .Lower95}}{{if .Missed}}; proven below target from bucket {{.Missed}}{{end}}{{else if eq .State "not_met"}}every load bucket with evidence is below target (from bucket {{.Missed}}; {{.Evidence}} requests){{else}}no load bucket has the evidence to meet the target yet ({{.Evidence}} requests in all){{end}}{{end}}</td></tr>
+{{template "forecast" .Forecast}}
 </table>
 <h3>Attainment against load: {{$s.Name}}</h3>
 {{if .Curve}}{{.Plot}}
