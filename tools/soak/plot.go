@@ -57,21 +57,18 @@ func plot(w io.Writer, samples []sample, warm float64) error {
 	for i, p := range panels {
 		top := panelTop + i*(panelH+panelGap)
 		area := image.Rect(marginL, top+14, plotW-marginR, top+panelH-20)
-		lo, hi := math.Inf(1), math.Inf(-1)
+		// Every axis starts at 0: a flat series looks flat, and the
+		// fitted slope is in the title.
+		lo, hi := 0.0, 0.0
 		var xs, ys []float64
 		for _, s := range samples {
 			v := p.v(s)
-			lo, hi = min(lo, v), max(hi, v)
+			hi = max(hi, v)
 			if s.Elapsed >= warm {
 				xs, ys = append(xs, s.Elapsed), append(ys, v)
 			}
 		}
-		if len(samples) == 0 {
-			lo, hi = 0, 1
-		}
-		// A little room above and below, and never a zero range.
-		pad := max((hi-lo)*0.1, math.Abs(hi)*0.01, 1e-9)
-		lo, hi = lo-pad, hi+pad
+		hi = max(hi*1.1, 1)
 		x := func(t float64) int { return area.Min.X + int(math.Round(t/tEnd*float64(area.Dx()-1))) }
 		y := func(v float64) int { return area.Max.Y - 1 - int(math.Round((v-lo)/(hi-lo)*float64(area.Dy()-1))) }
 		fill(img, image.Rect(area.Min.X, area.Min.Y, x(min(warm, tEnd)), area.Max.Y), warmC)
@@ -81,6 +78,10 @@ func plot(w io.Writer, samples []sample, warm float64) error {
 		}
 		fill(img, image.Rect(area.Min.X-1, area.Min.Y, area.Min.X, area.Max.Y+1), ink)
 		fill(img, image.Rect(area.Min.X-1, area.Max.Y, area.Max.X, area.Max.Y+1), ink)
+		for j := 1; j < len(samples); j++ {
+			a, b := samples[j-1], samples[j]
+			drawLine(img, x(a.Elapsed), y(p.v(a)), x(b.Elapsed), y(p.v(b)), lineC)
+		}
 		title := p.title
 		if len(xs) >= 2 {
 			f := lsq(xs, ys)
@@ -88,13 +89,10 @@ func plot(w io.Writer, samples []sample, warm float64) error {
 			drawLine(img, x(xs[0]), y(f.Intercept+f.Slope*xs[0]), x(xs[len(xs)-1]), y(f.Intercept+f.Slope*xs[len(xs)-1]), fitC)
 		}
 		text(img, area.Min.X, top, title, ink)
-		for j := 1; j < len(samples); j++ {
-			a, b := samples[j-1], samples[j]
-			drawLine(img, x(a.Elapsed), y(p.v(a)), x(b.Elapsed), y(p.v(b)), lineC)
+		for g := 0; g <= 4; g++ {
+			l := label(lo + (hi-lo)*float64(g)/4)
+			text(img, area.Min.X-6-textWidth(l), y(lo+(hi-lo)*float64(g)/4)-glyphH*scale/2, l, ink)
 		}
-		hiL, loL := label(hi), label(lo)
-		text(img, area.Min.X-6-textWidth(hiL), area.Min.Y, hiL, ink)
-		text(img, area.Min.X-6-textWidth(loL), area.Max.Y-glyphH*scale, loL, ink)
 		for m := 0.0; m <= tEnd/60; m += minuteStep(tEnd / 60) {
 			l := label(m)
 			text(img, x(m*60)-textWidth(l)/2, area.Max.Y+5, l, ink)
@@ -173,7 +171,7 @@ func text(img *image.RGBA, x, y int, s string, c color.RGBA) {
 var glyphs = map[rune]uint16{
 	'0': 0x7b6f, '1': 0x2c97, '2': 0x73e7, '3': 0x73cf, '4': 0x5bc9, '5': 0x79cf, '6': 0x79ef, '7': 0x7252,
 	'8': 0x7bef, '9': 0x7bcf, '.': 0x0002, '-': 0x01c0, '+': 0x05d0, ':': 0x0410, '/': 0x12a4, '%': 0x52a5,
-	'(': 0x2922, ')': 0x224a, ',': 0x0014, 'A': 0x2bed, 'B': 0x6bae, 'C': 0x3923, 'D': 0x6b6e, 'E': 0x79a7,
+	' ': 0x0000, '(': 0x2922, ')': 0x224a, ',': 0x0014, 'A': 0x2bed, 'B': 0x6bae, 'C': 0x3923, 'D': 0x6b6e, 'E': 0x79a7,
 	'F': 0x79a4, 'G': 0x396b, 'H': 0x5bed, 'I': 0x7497, 'K': 0x5bad, 'L': 0x4927, 'M': 0x5fed, 'N': 0x6b6d,
 	'O': 0x2b6a, 'P': 0x6ba4, 'R': 0x6bad, 'S': 0x388e, 'T': 0x7492, 'U': 0x5b6f, 'V': 0x5b6a, 'W': 0x5bfd,
 	'X': 0x5aad, 'Y': 0x5a92,

@@ -48,7 +48,7 @@ type samplerSummary struct {
 }
 
 // sampleCmd samples the sidecar (its process and its admin listener)
-// until SIGTERM or SIGINT, or until the process is gone: every -interval
+// until SIGTERM or SIGINT, -duration, or until the process is gone: every -interval
 // its RSS and descriptors from /proc and its heap and goroutines from a
 // whole scrape of /metrics (the sampler is the run's Prometheus), and
 // every -live-interval the live page's data, as an open page polls it.
@@ -60,10 +60,11 @@ func sampleCmd(args []string) error {
 	summary := fs.String("summary", "", "write the sampler's counts as JSON to this file when it stops")
 	interval := fs.Duration("interval", 10*time.Second, "between samples (and /metrics scrapes)")
 	liveEvery := fs.Duration("live-interval", time.Second, "between polls of /live/data (0: none)")
+	duration := fs.Duration("duration", 0, "stop after this long, taking no sample at or past it (0: until SIGTERM)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *pid <= 0 || *admin == "" || *interval <= 0 || *liveEvery < 0 {
+	if *pid <= 0 || *admin == "" || *interval <= 0 || *liveEvery < 0 || *duration < 0 {
 		return errors.New("-pid, -admin and a positive -interval are required")
 	}
 	base := strings.TrimSuffix(*admin, "/")
@@ -80,6 +81,11 @@ func sampleCmd(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	}
 	client := &http.Client{Timeout: 5 * time.Second}
 	var sum samplerSummary
 	var polls, busy, perr atomic.Int64
