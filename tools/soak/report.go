@@ -148,13 +148,13 @@ func readSamples(r io.Reader) ([]sample, error) {
 		if err != nil {
 			return nil, fmt.Errorf("samples: %w", err)
 		}
-		var v [6]float64
+		var v [7]float64
 		for i, f := range rec {
 			if v[i], err = strconv.ParseFloat(f, 64); err != nil || math.IsNaN(v[i]) || math.IsInf(v[i], 0) {
 				return nil, fmt.Errorf("samples: line %d: %s %q is not a number", line, sampleHeader[i], f)
 			}
 		}
-		out = append(out, sample{Elapsed: v[0], RSS: v[1], HeapInuse: v[2], Goroutines: v[3], FDs: v[4], Live: v[5]})
+		out = append(out, sample{Elapsed: v[0], RSS: v[1], HeapInuse: v[2], Goroutines: v[3], FDs: v[4], Live: v[5], CPU: v[6]})
 	}
 }
 
@@ -338,6 +338,7 @@ type run struct {
 // result is the report of a run: the four series and the checks.
 type result struct {
 	RSS, Heap, Goroutines, FDs series
+	CPU                        series // the fit of cpu_seconds: its PerHour/3600 is the cores used
 	Checks                     []check
 }
 
@@ -357,6 +358,7 @@ func judge(in run, l limits) result {
 		Heap:       summarize("heap in use", in.Samples, w, func(s sample) float64 { return s.HeapInuse }),
 		Goroutines: summarize("goroutines", in.Samples, w, func(s sample) float64 { return s.Goroutines }),
 		FDs:        summarize("descriptors", in.Samples, w, func(s sample) float64 { return s.FDs }),
+		CPU:        summarize("CPU", in.Samples, w, func(s sample) float64 { return s.CPU }),
 	}
 	add := func(name string, ok bool, format string, a ...any) {
 		res.Checks = append(res.Checks, check{Name: name, OK: ok, Got: fmt.Sprintf(format, a...)})
@@ -450,6 +452,9 @@ func (res result) write(w io.Writer, in run, commit string) {
 			fmt.Fprintf(w, "soak: note: the fits span %.0f s: a slope per hour from under 30 minutes is mostly noise and warm-up; the acceptance run is an hour\n", span)
 		}
 	}
+	cores := res.CPU.PerHour / secondsPerHr
+	perEvent := 1e6 * cores / max(events, 1)
+	fmt.Fprintf(w, "soak: CPU %.3f cores after the warm-up, the sidecar and its simulator together: %.1f µs per token event\n", cores, perEvent)
 	for _, s := range []series{res.RSS, res.Heap} {
 		fmt.Fprintf(w, "soak: %-12s %+8.2f MiB/h  mean %8.1f MiB  min %8.1f  max %8.1f\n", s.Name, s.PerHour/mib, s.Mean/mib, s.Min/mib, s.Max/mib)
 	}
@@ -470,8 +475,8 @@ func (res result) write(w io.Writer, in run, commit string) {
 	fmt.Fprintf(w, "soak: %s\n\n", verdict)
 
 	fmt.Fprintln(w, "<!-- paste into docs/performance.md, \"An hour at 500 streams\" -->")
-	fmt.Fprintf(w, "Measured on commit %s: %d streams for %.0f s, %d requests answered (%.1f/s), %.0f token events/s; the fits are over the %d samples after the first %v.\n\n",
-		commit, ld.Streams, ld.ElapsedSeconds, ld.Requests, float64(ld.Requests)/max(ld.ElapsedSeconds, 1), events, res.RSS.N, in.Warmup)
+	fmt.Fprintf(w, "Measured on commit %s: %d streams for %.0f s, %d requests answered (%.1f/s), %.0f token events/s; the fits are over the %d samples after the first %v. The sidecar's process (its simulator included) used %.3f cores after the warm-up, %.1f µs per token event.\n\n",
+		commit, ld.Streams, ld.ElapsedSeconds, ld.Requests, float64(ld.Requests)/max(ld.ElapsedSeconds, 1), events, res.RSS.N, in.Warmup, cores, perEvent)
 	fmt.Fprintln(w, "| series | slope per hour | mean | min | max |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	for _, s := range []series{res.RSS, res.Heap} {

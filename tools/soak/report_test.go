@@ -48,7 +48,7 @@ func TestLsq(t *testing.T) {
 func steady(rssPerHour float64, wobble float64) []sample {
 	var out []sample
 	for t := 0.0; t < 3600; t += 10 {
-		s := sample{Elapsed: t, RSS: 200*mib + rssPerHour*t/3600, HeapInuse: 60 * mib, Goroutines: 1510, FDs: 1530, Live: t * 100}
+		s := sample{Elapsed: t, RSS: 200*mib + rssPerHour*t/3600, HeapInuse: 60 * mib, Goroutines: 1510, FDs: 1530, Live: t * 100, CPU: 0.25 * t}
 		if t < 300 {
 			s.RSS, s.Goroutines, s.FDs = 20*mib+t*mib, 10+5*t, 12+5*t
 		}
@@ -132,8 +132,8 @@ func writeSamples(t *testing.T, path string, s []sample) {
 }
 
 func TestReadSamples(t *testing.T) {
-	in := []sample{{Elapsed: 0.004, RSS: 1 << 30, HeapInuse: 5e7, Goroutines: 1512, FDs: 1530, Live: 0},
-		{Elapsed: 10.001, RSS: 1<<30 + 4096, HeapInuse: 5.1e7, Goroutines: 1511, FDs: 1531, Live: 1049}}
+	in := []sample{{Elapsed: 0.004, RSS: 1 << 30, HeapInuse: 5e7, Goroutines: 1512, FDs: 1530, Live: 0, CPU: 0.31},
+		{Elapsed: 10.001, RSS: 1<<30 + 4096, HeapInuse: 5.1e7, Goroutines: 1511, FDs: 1531, Live: 1049, CPU: 2.75}}
 	p := filepath.Join(t.TempDir(), fileSamples)
 	writeSamples(t, p, in)
 	b, _ := os.ReadFile(p)
@@ -147,9 +147,10 @@ func TestReadSamples(t *testing.T) {
 	for _, bad := range []string{
 		"",
 		"elapsed_s,rss_bytes\n1,2\n",
-		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5,x\n",
-		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5,NaN\n",
-		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5\n",
+		strings.Join(sampleHeader[:6], ",") + "\n1,2,3,4,5,6\n",
+		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5,6,x\n",
+		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5,6,NaN\n",
+		strings.Join(sampleHeader, ",") + "\n1,2,3,4,5,6\n",
 	} {
 		if _, err := readSamples(strings.NewReader(bad)); err == nil {
 			t.Errorf("%q: no error", bad)
@@ -365,6 +366,7 @@ func TestReportCmd(t *testing.T) {
 		"| RSS | +0.50 MiB |",
 		"| 1510 | 1505 | 1515 |",
 		"| RSS slope ≤ 1 MiB per hour | yes |",
+		"used 0.250 cores after the warm-up, 50.0 µs per token event",
 		"the fits span 3290 s",
 	} {
 		if want == "the fits span 3290 s" {

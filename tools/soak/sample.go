@@ -20,7 +20,7 @@ import (
 
 // sampleHeader is the samples file's first line; each later line is one
 // sample. elapsed_s counts from the sampler's start.
-var sampleHeader = []string{"elapsed_s", "rss_bytes", "heap_inuse_bytes", "goroutines", "fds", "live_requests"}
+var sampleHeader = []string{"elapsed_s", "rss_bytes", "heap_inuse_bytes", "goroutines", "fds", "live_requests", "cpu_seconds"}
 
 // sample is one line of the samples file.
 type sample struct {
@@ -30,11 +30,12 @@ type sample struct {
 	Goroutines float64 // go_goroutines
 	FDs        float64 // entries of /proc/PID/fd
 	Live       float64 // tokentap_requests_total{traffic="live"}, every outcome
+	CPU        float64 // process_cpu_seconds_total: user and system, the simulator's included
 }
 
 func (s sample) row() []string {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
-	return []string{strconv.FormatFloat(s.Elapsed, 'f', 3, 64), f(s.RSS), f(s.HeapInuse), f(s.Goroutines), f(s.FDs), f(s.Live)}
+	return []string{strconv.FormatFloat(s.Elapsed, 'f', 3, 64), f(s.RSS), f(s.HeapInuse), f(s.Goroutines), f(s.FDs), f(s.Live), f(s.CPU)}
 }
 
 // samplerSummary is what the sampler writes when it stops.
@@ -169,11 +170,12 @@ func takeSample(ctx context.Context, c *http.Client, proc, base string) (sample,
 	if err != nil {
 		return s, fmt.Errorf("/metrics: %w", err)
 	}
-	var ok1, ok2 bool
+	var ok1, ok2, ok3 bool
 	s.HeapInuse, ok1 = m.one("go_memstats_heap_inuse_bytes")
 	s.Goroutines, ok2 = m.one("go_goroutines")
-	if !ok1 || !ok2 {
-		return s, errors.New("/metrics: no go_memstats_heap_inuse_bytes or go_goroutines")
+	s.CPU, ok3 = m.one("process_cpu_seconds_total")
+	if !ok1 || !ok2 || !ok3 {
+		return s, errors.New("/metrics: no go_memstats_heap_inuse_bytes, go_goroutines or process_cpu_seconds_total")
 	}
 	s.Live = m.sum("tokentap_requests_total", `traffic="live"`)
 	return s, nil
