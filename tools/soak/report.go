@@ -180,14 +180,14 @@ func parseMetrics(r io.Reader) (metrics, error) {
 		}
 		var s metricSample
 		rest := line
-		if i := strings.IndexByte(line, '{'); i >= 0 {
+		if i := strings.IndexAny(line, "{ \t"); i >= 0 && line[i] == '{' {
 			j := strings.LastIndexByte(line, '}')
 			if j < i {
 				return nil, fmt.Errorf("line %d: unclosed labels", n)
 			}
 			s.name, s.labels, rest = line[:i], line[i+1:j], line[j+1:]
-		} else {
-			s.name, rest, _ = strings.Cut(line, " ")
+		} else if i := strings.IndexAny(line, " \t"); i >= 0 {
+			s.name, rest = line[:i], line[i:]
 		}
 		f := strings.Fields(rest)
 		if s.name == "" || len(f) == 0 {
