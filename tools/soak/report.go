@@ -60,11 +60,12 @@ type loadSummary struct {
 
 func writeLoadSummary(path string, s loadSummary) error { return writeJSON(path, s) }
 
-// fit is a least-squares line through (x, y): y ≈ Intercept + Slope·x.
-// Fewer than two points, or all at one x, give a zero slope and the
-// mean as the intercept.
+// fit is a least-squares line through (x, y): y ≈ Intercept + Slope·x,
+// and SE the slope's standard error (from the residuals; 0 with fewer
+// than three points). Fewer than two points, or all at one x, give a
+// zero slope and the mean as the intercept.
 type fit struct {
-	Slope, Intercept float64
+	Slope, Intercept, SE float64
 }
 
 func lsq(x, y []float64) fit {
@@ -88,7 +89,16 @@ func lsq(x, y []float64) fit {
 		return fit{Intercept: my}
 	}
 	s := sxy / sxx
-	return fit{Slope: s, Intercept: my - s*mx}
+	f := fit{Slope: s, Intercept: my - s*mx}
+	if len(x) > 2 {
+		var rss float64
+		for i := range x {
+			r := y[i] - f.Intercept - s*x[i]
+			rss += r * r
+		}
+		f.SE = math.Sqrt(rss / (n - 2) / sxx)
+	}
+	return f
 }
 
 // series is one sampled quantity over the window after the warm-up.
@@ -96,6 +106,7 @@ type series struct {
 	Name           string
 	N              int     // samples in the window
 	PerHour        float64 // the fitted slope, units per hour
+	SEPerHour      float64 // its standard error: the noise's share of it
 	Mean, Min, Max float64
 }
 
@@ -118,7 +129,8 @@ func summarize(name string, samples []sample, warm float64, v func(sample) float
 		return series{Name: name}
 	}
 	st.Mean /= float64(st.N)
-	st.PerHour = lsq(x, y).Slope * secondsPerHr
+	f := lsq(x, y)
+	st.PerHour, st.SEPerHour = f.Slope*secondsPerHr, f.SE*secondsPerHr
 	return st
 }
 
@@ -399,7 +411,7 @@ func judge(in run, l limits) result {
 		in.OTLP.TraceBytes+in.OTLP.MetricBytes, in.Sampler.LivePolls, in.Sampler.Scrapes)
 	add("samples after the warm-up", res.RSS.N >= 3, "%d samples after %v", res.RSS.N, in.Warmup)
 	add("RSS slope ≤ 1 MiB per hour", res.RSS.N >= 3 && res.RSS.PerHour <= l.RSSSlope,
-		"%+.2f MiB per hour (mean %.1f MiB, min %.1f, max %.1f)", res.RSS.PerHour/mib, res.RSS.Mean/mib, res.RSS.Min/mib, res.RSS.Max/mib)
+		"%+.2f MiB per hour (standard error %.2f; mean %.1f MiB, min %.1f, max %.1f)", res.RSS.PerHour/mib, res.RSS.SEPerHour/mib, res.RSS.Mean/mib, res.RSS.Min/mib, res.RSS.Max/mib)
 	for _, s := range []series{res.Goroutines, res.FDs} {
 		add(s.Name+" flat", flat(s, l), "%+.1f per hour (%+.2f%% of the mean %.0f; at most ±%.0f%%), min %.0f, max %.0f (spread %.1f%%; at most %.0f%%)",
 			s.PerHour, pct(s.PerHour, s.Mean), s.Mean, l.FlatSlope*100, s.Min, s.Max, pct(s.Max-s.Min, s.Mean), l.FlatSpread*100)
@@ -456,10 +468,10 @@ func (res result) write(w io.Writer, in run, commit string) {
 	perEvent := 1e6 * cores / max(events, 1)
 	fmt.Fprintf(w, "soak: CPU %.3f cores after the warm-up, the sidecar and its simulator together: %.1f µs per token event\n", cores, perEvent)
 	for _, s := range []series{res.RSS, res.Heap} {
-		fmt.Fprintf(w, "soak: %-12s %+8.2f MiB/h  mean %8.1f MiB  min %8.1f  max %8.1f\n", s.Name, s.PerHour/mib, s.Mean/mib, s.Min/mib, s.Max/mib)
+		fmt.Fprintf(w, "soak: %-12s %+8.2f ± %.2f MiB/h  mean %8.1f MiB  min %8.1f  max %8.1f\n", s.Name, s.PerHour/mib, s.SEPerHour/mib, s.Mean/mib, s.Min/mib, s.Max/mib)
 	}
 	for _, s := range []series{res.Goroutines, res.FDs} {
-		fmt.Fprintf(w, "soak: %-12s %+8.1f /h     mean %8.0f      min %8.0f  max %8.0f\n", s.Name, s.PerHour, s.Mean, s.Min, s.Max)
+		fmt.Fprintf(w, "soak: %-12s %+8.1f ± %.1f /h     mean %8.0f      min %8.0f  max %8.0f\n", s.Name, s.PerHour, s.SEPerHour, s.Mean, s.Min, s.Max)
 	}
 	for _, c := range res.Checks {
 		mark := "ok  "
@@ -477,13 +489,13 @@ func (res result) write(w io.Writer, in run, commit string) {
 	fmt.Fprintln(w, "<!-- paste into docs/performance.md, \"An hour at 500 streams\" -->")
 	fmt.Fprintf(w, "Measured on commit %s: %d streams for %.0f s, %d requests answered (%.1f/s), %.0f token events/s; the fits are over the %d samples after the first %v. The sidecar's process (its simulator included) used %.3f cores after the warm-up, %.1f µs per token event.\n\n",
 		commit, ld.Streams, ld.ElapsedSeconds, ld.Requests, float64(ld.Requests)/max(ld.ElapsedSeconds, 1), events, res.RSS.N, in.Warmup, cores, perEvent)
-	fmt.Fprintln(w, "| series | slope per hour | mean | min | max |")
-	fmt.Fprintln(w, "|---|---|---|---|---|")
+	fmt.Fprintln(w, "| series | slope per hour | its standard error | mean | min | max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	for _, s := range []series{res.RSS, res.Heap} {
-		fmt.Fprintf(w, "| %s | %+.2f MiB | %.1f MiB | %.1f MiB | %.1f MiB |\n", s.Name, s.PerHour/mib, s.Mean/mib, s.Min/mib, s.Max/mib)
+		fmt.Fprintf(w, "| %s | %+.2f MiB | %.2f MiB | %.1f MiB | %.1f MiB | %.1f MiB |\n", s.Name, s.PerHour/mib, s.SEPerHour/mib, s.Mean/mib, s.Min/mib, s.Max/mib)
 	}
 	for _, s := range []series{res.Goroutines, res.FDs} {
-		fmt.Fprintf(w, "| %s | %+.1f (%+.2f%%) | %.0f | %.0f | %.0f |\n", s.Name, s.PerHour, pct(s.PerHour, s.Mean), s.Mean, s.Min, s.Max)
+		fmt.Fprintf(w, "| %s | %+.1f (%+.2f%%) | %.1f | %.0f | %.0f | %.0f |\n", s.Name, s.PerHour, pct(s.PerHour, s.Mean), s.SEPerHour, s.Mean, s.Min, s.Max)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| check | met? | figures |")

@@ -28,8 +28,13 @@ func TestLsq(t *testing.T) {
 		t.Errorf("exact line: got %+v, want slope 2, intercept 3", f)
 	}
 	// Noise symmetric about the line y = 10 − x leaves the fit on it.
-	if f := lsq([]float64{0, 0, 1, 1, 2, 2}, []float64{11, 9, 10, 8, 9, 7}); !near(f.Slope, -1) || !near(f.Intercept, 10) {
-		t.Errorf("noisy line: got %+v, want slope -1, intercept 10", f)
+	if f := lsq(x, y); f.SE != 0 {
+		t.Errorf("exact line: standard error %v, want 0", f.SE)
+	}
+	// Noise symmetric about the line y = 10 − x leaves the fit on it;
+	// residuals ±1 over x of variance sum 4: SE = sqrt(6/4/4).
+	if f := lsq([]float64{0, 0, 1, 1, 2, 2}, []float64{11, 9, 10, 8, 9, 7}); !near(f.Slope, -1) || !near(f.Intercept, 10) || !near(f.SE, math.Sqrt(6.0/4/4)) {
+		t.Errorf("noisy line: got %+v, want slope -1, intercept 10, standard error %v", f, math.Sqrt(6.0/4/4))
 	}
 	if f := lsq([]float64{5, 5}, []float64{1, 3}); f.Slope != 0 || f.Intercept != 2 {
 		t.Errorf("one x: got %+v, want slope 0, the mean 2", f)
@@ -363,7 +368,7 @@ func TestReportCmd(t *testing.T) {
 	for _, want := range []string{
 		"soak: all checks pass",
 		"Measured on commit abc1234: 500 streams for 3600 s, 1000 requests answered",
-		"| RSS | +0.50 MiB |",
+		"| RSS | +0.50 MiB | 0.00 MiB |",
 		"| 1510 | 1505 | 1515 |",
 		"| RSS slope ≤ 1 MiB per hour | yes |",
 		"used 0.250 cores after the warm-up, 50.0 µs per token event",
