@@ -94,7 +94,10 @@ func plot(w io.Writer, samples []sample, warm float64) error {
 			text(img, area.Min.X-6-textWidth(l), y(lo+(hi-lo)*float64(g)/4)-glyphH*scale/2, l, ink)
 		}
 		for m := 0.0; m <= tEnd/60; m += minuteStep(tEnd / 60) {
-			l := label(m)
+			l := fmt.Sprintf("%.1f", m)
+			if m == math.Trunc(m) {
+				l = fmt.Sprintf("%.0f", m)
+			}
 			text(img, x(m*60)-textWidth(l)/2, area.Max.Y+5, l, ink)
 		}
 	}
