@@ -226,12 +226,16 @@ func pollLive(ctx context.Context, c *http.Client, base string, every time.Durat
 			}
 		case err == nil && code == http.StatusServiceUnavailable:
 			busy.Add(1)
+			logPoll(bad.Load()+busy.Load(), u, code, nil)
 		default:
 			bad.Add(1)
+			logPoll(bad.Load()+busy.Load(), u, code, err)
 		}
 		if i%5 == 0 {
-			if _, code, err := liveOnce(ctx, c, base+"/probes?format=json"); ctx.Err() == nil && (err != nil || code != http.StatusOK) {
+			u := base + "/probes?format=json"
+			if _, code, err := liveOnce(ctx, c, u); ctx.Err() == nil && (err != nil || code != http.StatusOK) {
 				bad.Add(1)
+				logPoll(bad.Load()+busy.Load(), u, code, err)
 			}
 		}
 		select {
@@ -240,6 +244,19 @@ func pollLive(ctx context.Context, c *http.Client, base string, every time.Durat
 		case <-t.C:
 		}
 	}
+}
+
+// logPoll says why a poll was not answered, for the first 20 (the count
+// is in the summary).
+func logPoll(n int64, u string, code int, err error) {
+	if n > 20 {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "soak sample: %s: %v\n", u, err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "soak sample: %s: HTTP %d\n", u, code)
 }
 
 // liveData is what the poller reads of a /live/data answer.
