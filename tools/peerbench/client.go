@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +27,35 @@ type load struct {
 	// OnMeasure, if set, is called once when the warm-up is over (the
 	// measuring window starts), and OnEnd when it ends.
 	OnMeasure, OnEnd func()
+	// ToolEvery, when above 0, makes every ToolEvery-th request (counted
+	// across streams) declare a tool with a JSON schema (toolBody); the
+	// upstream answers those with a tool call that fits it. 0: none.
+	ToolEvery int
+	// Keys, when set, are API keys the requests carry in turn, as
+	// "Authorization: Bearer KEY" (tenants from the API key); empty: no
+	// Authorization header.
+	Keys []string
+}
+
+// plainBody and toolBody are the requests' bodies: a chat completion,
+// and the same declaring one tool, get_weather, whose parameters schema
+// the upstream's tool call fits (appendToolEvent).
+var (
+	plainBody = []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
+	toolBody  = []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"the weather?"}],` +
+		`"tools":[{"type":"function","function":{"name":"get_weather","description":"the forecast for a city",` +
+		`"parameters":{"type":"object","properties":{"city":{"type":"string","minLength":1},` +
+		`"days":{"type":"integer","minimum":1,"maximum":14}},"required":["city","days"],"additionalProperties":false}}}],` +
+		`"tool_choice":"auto"}`)
+)
+
+// apiKeys returns n API keys for the client to send in turn.
+func apiKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("sk-peerbench-%02d-0123456789abcdef", i)
+	}
+	return keys
 }
 
 // result is what the client saw in the measuring window.
@@ -75,8 +106,12 @@ func (l load) run() result {
 		mu  sync.Mutex
 		res result
 		wg  sync.WaitGroup
+		seq atomic.Int64 // requests begun, across streams
 	)
-	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
+	auth := make([]string, len(l.Keys))
+	for i, k := range l.Keys {
+		auth[i] = "Bearer " + k
+	}
 	for i := 0; i < l.Streams; i++ {
 		wg.Add(1)
 		go func(i int) {
@@ -104,8 +139,16 @@ func (l load) run() result {
 				kinds[kind]++
 			}
 			for ctx.Err() == nil {
+				n := seq.Add(1)
+				body := plainBody
+				if l.ToolEvery > 0 && n%int64(l.ToolEvery) == 0 {
+					body = toolBody
+				}
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.URL, bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
+				if len(auth) > 0 {
+					req.Header.Set("Authorization", auth[n%int64(len(auth))])
+				}
 				t0 := time.Now()
 				resp, err := hc.Do(req)
 				if err != nil {
@@ -200,10 +243,15 @@ func clientCmd(args []string) error {
 	duration := fs.Duration("duration", 10*time.Second, "measuring window")
 	warm := fs.Duration("warmup", 2*time.Second, "warm-up before the window")
 	label := fs.String("label", "direct", "label of the output line")
+	toolEvery := fs.Int("tool-every", 4, "every Nth request declares a tool (0: none)")
+	keys := fs.Int("keys", 7, "API keys sent in turn as Authorization: Bearer (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	r := load{URL: *target, Streams: *streams, Duration: *duration, Warmup: *warm}.run()
+	if *toolEvery < 0 || *keys < 0 {
+		return errors.New("-tool-every and -keys must not be negative")
+	}
+	r := load{URL: *target, Streams: *streams, Duration: *duration, Warmup: *warm, ToolEvery: *toolEvery, Keys: apiKeys(*keys)}.run()
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
 	fmt.Printf("%s events=%d ev/s=%.0f requests=%d errs=%d delay_us p50=%.1f p90=%.1f p99=%.1f p999=%.1f max=%.1f first_us p50=%.1f p99=%.1f\n",
 		*label, r.Events, float64(r.Events)/duration.Seconds(), r.Requests, r.Errors,

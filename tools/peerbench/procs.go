@@ -119,9 +119,21 @@ func waitStream(url string, p *proc, limit time.Duration) error {
 	return fmt.Errorf("%s not ready within %s: %v", url, limit, last)
 }
 
-func oneStream(ctx context.Context, url string) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url,
-		strings.NewReader(`{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"ready?"}]}`))
+// readyBody and toolReady are short streams: two events of text, and a
+// whole tool call in three events (toolBody's tool and schema).
+const (
+	readyBody = `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"ready?"}]}`
+	toolReady = `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"the weather?"}],` +
+		`"tools":[{"type":"function","function":{"name":"get_weather",` +
+		`"parameters":{"type":"object","properties":{"city":{"type":"string","minLength":1},` +
+		`"days":{"type":"integer","minimum":1,"maximum":14}},"required":["city","days"],"additionalProperties":false}}}]}`
+)
+
+func oneStream(ctx context.Context, url string) error { return oneStreamBody(ctx, url, readyBody) }
+
+// oneStreamBody posts body to url and reads the stream to its [DONE].
+func oneStreamBody(ctx context.Context, url, body string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	if err != nil {

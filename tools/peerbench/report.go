@@ -86,6 +86,13 @@ func printTable(w io.Writer, title string, targets []*target, cells []cell, wind
 		}
 	}
 	for i, t := range targets {
+		if c := cells[i]; c.polled {
+			p := c.polls
+			fmt.Fprintf(w, "\n(%s's live page, polled as a browser: %d answers of /live/data (%d unchanged), %d busy, %d errors, %.0f KiB read)\n",
+				t.name, p.Polls, p.Unchanged, p.Busy, p.Errors, float64(p.Bytes)/1024)
+		}
+	}
+	for i, t := range targets {
 		if t.name == "tokentap" && sums[i].side > 0 {
 			fmt.Fprintf(w, "\n(telemetry receivers, not counted above: %.2f s CPU, %.1f µs/event during tokentap's window)\n", sums[i].side, sums[i].sidePerEv)
 		}

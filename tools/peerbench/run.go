@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,6 +32,8 @@ type runFlags struct {
 	profile           string
 	memProfileRate    int
 	noOTLPVariant     bool
+	toolEvery, keys   int
+	livePoll          time.Duration
 }
 
 func parseRun(args []string) (runFlags, error) {
@@ -45,20 +48,17 @@ func parseRun(args []string) (runFlags, error) {
 	fs.IntVar(&f.memory, "memory", 1000, "streams of the memory run (0: none)")
 	fs.DurationVar(&f.memDuration, "memory-duration", 10*time.Second, "measuring window of the memory run")
 	fs.DurationVar(&f.memInterval, "memory-interval", 100*time.Millisecond, "event interval of the memory run (2 cores cannot carry 1,000 streams at 20 ms)")
-	fs.IntVar(&f.events, "events", 200, "events per stream")
-	fs.DurationVar(&f.interval, "interval", 20*time.Millisecond, "gap between events")
 	peersFlag := fs.String("peers", "nginx,haproxy,caddy", "peers to run when installed")
 	only := fs.String("only", "", "comma-separated targets to run (direct, bare, tokentap, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
-	fs.StringVar(&f.jaeger, "jaeger", "", "Jaeger binary for the OTLP traces (default: jaeger on PATH or in GOPATH/bin; 'none': the built-in sink)")
-	fs.StringVar(&f.dir, "dir", "", "work folder for configs, logs, records and profiles (default: a new temporary folder)")
 	fs.StringVar(&f.profile, "profile", "", "folder for CPU and allocation profiles of tokentap, taken over each window of the first run, and its heap in the memory run")
 	fs.IntVar(&f.memProfileRate, "memprofilerate", 0, "with -profile: the profiled sidecar's runtime.MemProfileRate (1: every allocation sampled, an exact heap breakdown; 0: Go's default)")
 	nootlp := fs.Bool("nootlp", true, "also run tokentap with OTLP off (tokentap-nootlp), to state what OTLP adds")
+	workloadFlags(fs, &f)
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
 	f.noOTLPVariant = *nootlp
-	var errs []error
+	errs := f.checkWorkload()
 	if f.sidecar == "" {
 		errs = append(errs, errors.New("-sidecar is required"))
 	}
@@ -70,20 +70,44 @@ func parseRun(args []string) (runFlags, error) {
 		}
 		f.streams = append(f.streams, n)
 	}
-	if f.runs < 1 || f.duration <= 0 || f.warmup < 0 || f.events < 1 || f.interval <= 0 || f.memory < 0 {
-		errs = append(errs, errors.New("-runs, -duration, -events and -interval must be positive, -warmup and -memory not negative"))
+	if f.runs < 1 || f.memory < 0 {
+		errs = append(errs, errors.New("-runs must be positive, -memory not negative"))
 	}
-	set := func(s string) map[string]bool {
-		m := map[string]bool{}
-		for _, x := range strings.Split(s, ",") {
-			if x = strings.TrimSpace(x); x != "" {
-				m[x] = true
-			}
-		}
-		return m
-	}
-	f.peers, f.only = set(*peersFlag), set(*only)
+	f.peers, f.only = nameSet(*peersFlag), nameSet(*only)
 	return f, errors.Join(errs...)
+}
+
+// workloadFlags are the flags run and capacity share: what each stream
+// is, what the requests carry, and the live page's poller.
+func workloadFlags(fs *flag.FlagSet, f *runFlags) {
+	fs.IntVar(&f.events, "events", 200, "events per stream")
+	fs.DurationVar(&f.interval, "interval", 20*time.Millisecond, "gap between events")
+	fs.IntVar(&f.toolEvery, "tool-every", 4, "every Nth request declares a tool with a JSON schema, answered with a tool call that fits it (checked by the sidecar's structure: required SLO); 0: none")
+	fs.IntVar(&f.keys, "keys", 7, "API keys the requests carry in turn (Authorization: Bearer; the sidecar's tenants come from them); 0: none")
+	fs.DurationVar(&f.livePoll, "live-poll", time.Second, "a browser stand-in polls each sidecar's /live/data this often while the client runs (the page itself: every 2 s); 0: no poller")
+	fs.StringVar(&f.jaeger, "jaeger", "", "Jaeger binary for the OTLP traces (default: jaeger on PATH or in GOPATH/bin; 'none': the built-in sink)")
+	fs.StringVar(&f.dir, "dir", "", "work folder for configs, logs, records, captures and profiles (default: a new temporary folder)")
+}
+
+func (f *runFlags) checkWorkload() []error {
+	var errs []error
+	if f.duration <= 0 || f.warmup < 0 || f.events < 1 || f.interval <= 0 {
+		errs = append(errs, errors.New("-duration, -events and -interval must be positive, -warmup not negative"))
+	}
+	if f.toolEvery < 0 || f.keys < 0 || f.livePoll < 0 {
+		errs = append(errs, errors.New("-tool-every, -keys and -live-poll must not be negative"))
+	}
+	return errs
+}
+
+func nameSet(s string) map[string]bool {
+	m := map[string]bool{}
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			m[x] = true
+		}
+	}
+	return m
 }
 
 // cell is one target at one stream count in one run.
@@ -92,6 +116,10 @@ type cell struct {
 	cpu    time.Duration
 	rssKiB int64
 	side   time.Duration // Jaeger's and the OTLP sink's CPU in the window
+	// polls is what the browser stand-in got from the live page, when
+	// polled (a sidecar, -live-poll above 0).
+	polls  pollStats
+	polled bool
 	// medianOf, when set, makes the cell stand for the per-figure medians
 	// of these runs (printTable).
 	medianOf []cell
@@ -103,6 +131,32 @@ func runCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	b, err := newBench(f)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	fmt.Printf("# each stream: %d events %s apart; window %s after %s warm-up; %d run(s); work folder %s\n",
+		f.events, f.interval, f.duration, f.warmup, f.runs, f.dir)
+	b.printSetup()
+	bad := b.table()
+	if f.memory > 0 {
+		if b.memoryRun() {
+			bad = true
+		}
+	}
+	if b.finish() {
+		bad = true
+	}
+	if bad {
+		return errors.New("some target had errors or no events, or its audit found a problem (see above)")
+	}
+	return nil
+}
+
+// newBench prepares the work folder, starts the upstream, the
+// telemetry receivers and every target of f, and prints the machine.
+func newBench(f runFlags) (*bench, error) {
 	// Raise the descriptor limit for this process and, because it is set
 	// explicitly, for its children too (Go would otherwise restore the
 	// original soft limit in them).
@@ -111,48 +165,71 @@ func runCmd(args []string) error {
 		rl.Cur = rl.Max
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
 	}
+	var err error
 	if f.dir == "" {
 		if f.dir, err = os.MkdirTemp("", "peerbench-"); err != nil {
-			return err
+			return nil, err
 		}
 	} else if err := os.MkdirAll(f.dir, 0o755); err != nil {
-		return err
+		return nil, err
+	}
+	if f.dir, err = filepath.Abs(f.dir); err != nil {
+		return nil, err
 	}
 	if f.profile != "" {
 		if err := os.MkdirAll(f.profile, 0o755); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(f.dir, "tokentap.yaml"), []byte(sidecarConfig), 0o644); err != nil {
-		return err
+	if err := os.WriteFile(filepath.Join(f.dir, "tokentap.yaml"), []byte(sidecarConfig(f.dir)), 0o644); err != nil {
+		return nil, err
 	}
 	b := &bench{f: f, self: self}
-	defer b.close()
 	if err := b.setup(); err != nil {
-		return err
+		b.close()
+		return nil, err
 	}
 	fmt.Printf("# peerbench: %d cores, %s, %s/%s; %s\n", runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadavg())
-	fmt.Printf("# each stream: %d events %s apart; window %s after %s warm-up; %d run(s); work folder %s\n",
-		f.events, f.interval, f.duration, f.warmup, f.runs, f.dir)
+	return b, nil
+}
+
+// printSetup says where the telemetry goes, what the requests carry,
+// and which paths are missing.
+func (b *bench) printSetup() {
+	f := b.f
 	fmt.Printf("# traces to %s; OTLP metrics to the built-in sink every 10 s\n", b.tracesTo)
+	tools := "no request declares a tool"
+	if f.toolEvery > 0 {
+		tools = fmt.Sprintf("1 request in %d declares a tool (answered with a tool call, checked: structure: required)", f.toolEvery)
+	}
+	keys := "no API key"
+	if f.keys > 0 {
+		keys = fmt.Sprintf("%d API keys in turn (tenants from the key)", f.keys)
+	}
+	live := "the live page not polled"
+	if f.livePoll > 0 {
+		live = fmt.Sprintf("each sidecar's live page polled every %s", f.livePoll)
+	}
+	fmt.Printf("# requests: %s; %s; %s; records and capture files per sidecar process\n", tools, keys, live)
 	if len(b.missing) > 0 {
 		fmt.Printf("# skipped: %s\n", strings.Join(b.missing, ", "))
 	}
-	bad := b.table()
-	if f.memory > 0 {
-		if b.memoryRun() {
-			bad = true
-		}
+}
+
+// finish stops every target (each sidecar's files are audited once its
+// process has ended), prints the audits and the load, and reports
+// whether an audit found a problem.
+func (b *bench) finish() (bad bool) {
+	for _, t := range b.targets {
+		t.down()
 	}
+	bad = printAudits(os.Stdout, b.targets, b.f.keys > 0)
 	fmt.Printf("# done: %s\n", loadavg())
-	if bad {
-		return errors.New("some target had errors or no events (see above)")
-	}
-	return nil
+	return bad
 }
 
 type bench struct {
@@ -255,8 +332,13 @@ func (b *bench) setup() error {
 			}
 			t.pprof = "127.0.0.1:" + itoa(pp)
 		}
+		t.admin = "127.0.0.1:" + itoa(admin)
+		t.audit = func(gen int) audit {
+			records, capture := sidecarFiles(f.dir, name, gen)
+			return auditFiles(name, gen, records, capture)
+		}
 		t.launch = func() (*proc, error) {
-			args := sidecarArgs(f.dir, name, b.upPort, t.port, admin)
+			args := sidecarArgs(f.dir, name, t.gen, b.upPort, t.port, admin)
 			switch {
 			case t.pprof != "":
 				pre := []string{"sidecar", "-pprof", t.pprof}
@@ -388,7 +470,7 @@ func (b *bench) measure(t *target, s int, profileTag string) cell {
 	}
 	profDone := make(chan struct{})
 	close(profDone)
-	l := load{URL: t.url(), Streams: s, Duration: b.f.duration, Warmup: b.f.warmup}
+	l := b.load(t, s, b.f.duration)
 	l.OnMeasure = func() {
 		if pid != 0 {
 			c0 = cpuTime(pid)
@@ -420,9 +502,42 @@ func (b *bench) measure(t *target, s int, profileTag string) cell {
 		}
 		c.side = b.sideCPU() - side0
 	}
+	polls := b.poll(t, &l)
 	c.res = l.run()
+	if polls != nil {
+		c.polls, c.polled = <-polls, true
+	}
 	<-profDone
 	return c
+}
+
+// load is the client's load through t at s streams.
+func (b *bench) load(t *target, s int, window time.Duration) load {
+	l := load{URL: t.url(), Streams: s, Duration: window, Warmup: b.f.warmup, ToolEvery: b.f.toolEvery}
+	if b.f.keys > 0 {
+		l.Keys = apiKeys(b.f.keys)
+	}
+	return l
+}
+
+// poll starts the browser stand-in on t's live page, when t has one
+// and -live-poll asks for it, until l's window ends; the channel
+// receives what it got. nil: no poller.
+func (b *bench) poll(t *target, l *load) <-chan pollStats {
+	if t.admin == "" || b.f.livePoll <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan pollStats, 1)
+	go func() { ch <- browser{Admin: t.admin, Every: b.f.livePoll}.run(ctx) }()
+	end := l.OnEnd
+	l.OnEnd = func() {
+		if end != nil {
+			end()
+		}
+		cancel()
+	}
+	return ch
 }
 
 // table runs every target at every stream count, f.runs times, and
@@ -478,6 +593,10 @@ func (b *bench) table() (bad bool) {
 					fmt.Printf("# WARNING: run %d, %d streams, %s: %d errors %v, %d events\n", r+1, f.streams[si], t.name, c.res.Errors, c.res.ErrKinds, c.res.Events)
 					bad = bad || strict(t.name, c.res)
 				}
+				if c.polled && (c.polls.Polls == 0 || c.polls.Errors > 0) {
+					fmt.Printf("# WARNING: run %d, %d streams, %s: the live page answered %d polls, %d errors (%s)\n", r+1, f.streams[si], t.name, c.polls.Polls, c.polls.Errors, c.polls.FirstErr)
+					bad = true
+				}
 			}
 		}
 	}
@@ -511,7 +630,8 @@ func (b *bench) memoryRun() (bad bool) {
 		row := memRow{name: t.name, idle: rssKiB(t.p.pid())}
 		stop := make(chan struct{})
 		sampled := make(chan struct{})
-		l := load{URL: t.url(), Streams: f.memory, Duration: f.memDuration, Warmup: max(f.warmup, 3*time.Second)}
+		l := b.load(t, f.memory, f.memDuration)
+		l.Warmup = max(f.warmup, 3*time.Second)
 		l.OnMeasure = func() {
 			go func() {
 				defer close(sampled)
@@ -555,7 +675,14 @@ func (b *bench) memoryRun() (bad bool) {
 			end := l.OnEnd
 			l.OnEnd = func() { end(); <-profiled }
 		}
+		polls := b.poll(t, &l)
 		row.res = l.run()
+		if polls != nil {
+			if p := <-polls; p.Polls == 0 || p.Errors > 0 {
+				fmt.Printf("# WARNING: memory run, %s: the live page answered %d polls, %d errors (%s)\n", t.name, p.Polls, p.Errors, p.FirstErr)
+				bad = true
+			}
+		}
 		rows = append(rows, row)
 		if row.res.Errors > 0 || row.res.Events == 0 {
 			fmt.Printf("# WARNING: memory run, %s: %d errors %v, %d events\n", t.name, row.res.Errors, row.res.ErrKinds, row.res.Events)

@@ -17,7 +17,10 @@ import (
 // events (or max_tokens, when the request sets fewer), -interval apart,
 // each stamped with its wall-clock send time ("ts", Unix nanoseconds),
 // then a finish reason, the usage chunk when the request asked for it
-// (stream_options.include_usage, as the sidecar does) and [DONE].
+// (stream_options.include_usage, as the sidecar does) and [DONE]. A
+// request that declares tools ("tools": in its body) gets one tool call
+// instead of text, its arguments streamed across the events
+// (appendToolEvent), fitting the schema the client declares.
 // /health answers 200; anything else 404, so that the sidecar's
 // readiness and engine probes find no engine metrics.
 func upstreamCmd(args []string) error {
@@ -42,7 +45,32 @@ type upstream struct {
 var (
 	includeUsage = []byte(`"include_usage":true`)
 	maxTokensKey = []byte(`"max_tokens":`)
+	toolsKey     = []byte(`"tools":`)
 )
+
+// appendToolEvent appends event i of n of a tool-call stream, up to the
+// choice's finish reason (the caller closes it and adds the stamp): one
+// call of get_weather whose arguments, {"city":"xx…","days":3}, arrive
+// across the n events, eight bytes of the city's name per event
+// between the first and the last, and fit toolSchema; finish reason
+// tool_calls.
+func appendToolEvent(buf []byte, i, n int) []byte {
+	buf = append(buf, `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{`...)
+	if i == 0 {
+		buf = append(buf, `"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_b","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"`...)
+	} else {
+		buf = append(buf, `"tool_calls":[{"index":0,"function":{"arguments":"`...)
+	}
+	if i > 0 || n == 1 {
+		buf = append(buf, `xxxxxxxx`...)
+	}
+	if i == n-1 {
+		buf = append(buf, `\",\"days\":3}"}}]},"finish_reason":"tool_calls"`...)
+	} else {
+		buf = append(buf, `"}}]},"finish_reason":null`...)
+	}
+	return buf
+}
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "completions") {
@@ -66,6 +94,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	usage := bytes.Contains(body, includeUsage)
+	tool := bytes.Contains(body, toolsKey)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -80,11 +109,15 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-t.C:
 		}
-		buf = append(buf[:0], `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"xxxxxxxx"},"finish_reason":`...)
-		if i == n-1 {
-			buf = append(buf, `"length"`...)
+		if tool {
+			buf = appendToolEvent(buf[:0], i, n)
 		} else {
-			buf = append(buf, `null`...)
+			buf = append(buf[:0], `data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"xxxxxxxx"},"finish_reason":`...)
+			if i == n-1 {
+				buf = append(buf, `"length"`...)
+			} else {
+				buf = append(buf, `null`...)
+			}
 		}
 		buf = append(buf, `}],"ts":`...)
 		buf = strconv.AppendInt(buf, time.Now().UnixNano(), 10)

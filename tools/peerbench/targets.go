@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,6 +21,17 @@ type target struct {
 	p      *proc
 	// pprof is the address of the profiling endpoint (profile mode).
 	pprof string
+	// admin is the sidecar's admin address (host:port), whose live page
+	// the browser stand-in polls; empty for the other paths.
+	admin string
+	// gen counts the target's launches; a sidecar's records and capture
+	// files are named by it, so that each process's pair is audited
+	// alone (audit, when the process has stopped).
+	gen int
+	// audit, when set, reads the files of launch gen once its process
+	// has stopped; audits keeps what it found.
+	audit  func(gen int) audit
+	audits []audit
 }
 
 func (t *target) url() string {
@@ -31,23 +43,36 @@ func (t *target) up() error {
 	if t.launch == nil || (t.p != nil && !t.p.exited()) {
 		return nil
 	}
+	t.gen++
 	p, err := t.launch()
 	if err != nil {
 		return err
 	}
 	t.p = p
-	if err := waitStream(t.url(), p, 30*time.Second); err != nil {
-		p.stop()
-		t.p = nil
+	err = waitStream(t.url(), p, 30*time.Second)
+	if err == nil && t.audit != nil {
+		// One tool call through it, whole (3 events), so that each
+		// sidecar's audit sees at least one structure check.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = oneStreamBody(ctx, t.url(), toolReady)
+		cancel()
+	}
+	if err != nil {
+		t.down()
 		return fmt.Errorf("%s: %w", t.name, err)
 	}
 	return nil
 }
 
+// down stops the target's process, then audits its files.
 func (t *target) down() {
-	if t.p != nil {
-		t.p.stop()
-		t.p = nil
+	if t.p == nil {
+		return
+	}
+	t.p.stop()
+	t.p = nil
+	if t.audit != nil {
+		t.audits = append(t.audits, t.audit(t.gen))
 	}
 }
 
@@ -67,10 +92,14 @@ func sidecarEnv(tracesURL, metricsURL string) []string {
 	}
 }
 
-// sidecarConfig is the sidecar's YAML for the run: one SLO (so every
-// request is judged: classes, stalls, fluidity, a verdict), and a canary
-// probe every 5 s straight to the upstream (16 tokens).
-const sidecarConfig = `slo:
+// sidecarConfig is the sidecar's YAML for the run: two SLOs, so every
+// request is judged (classes, stalls, fluidity, a verdict) and every
+// request that declares a tool has its tool call checked against the
+// tool's schema (structure: required); tenants from the API key, hashed
+// with a key file in dir; a canary probe every 5 s straight to the
+// upstream (16 tokens).
+func sidecarConfig(dir string) string {
+	return `slo:
   stall_threshold: 1s
   objectives:
     - name: interactive
@@ -83,6 +112,19 @@ const sidecarConfig = `slo:
         tpot: 50ms
         max_itl: 1s
       fluidity: {deadline: 1s, cadence: 100ms}
+    - name: agents
+      target: 0.9
+      window: 1h
+      scope:
+        apis: [chat]
+      thresholds:
+        ttft: 500ms
+        e2e: 10s
+      structure: required
+tenant:
+  from: api_key
+  max_tenants: 20
+  hash_key_file: ` + filepath.Join(dir, "tenant.key") + `
 probes:
   probes:
     - name: peerbench-canary
@@ -95,15 +137,25 @@ probes:
       timeout: 10s
       target: upstream
 `
+}
 
-// sidecarArgs are the sidecar's flags for the run: records on, the engine
+// sidecarFiles are the records and capture files of a sidecar's launch.
+func sidecarFiles(dir, name string, gen int) (records, capture string) {
+	base := filepath.Join(dir, name+"-"+itoa(gen))
+	return base + ".records.jsonl", base + ".capture.jsonl"
+}
+
+// sidecarArgs are the sidecar's flags for a launch: records and the
+// workload capture on (files of their own per launch), the engine
 // scraper off (the stand-in has no metrics), a short shutdown grace.
-func sidecarArgs(dir, name string, upstream, port, admin int) []string {
+func sidecarArgs(dir, name string, gen, upstream, port, admin int) []string {
+	records, capture := sidecarFiles(dir, name, gen)
 	return []string{
 		"--upstream", fmt.Sprintf("http://127.0.0.1:%d", upstream),
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", admin),
-		"--records", filepath.Join(dir, "records-"+name+".jsonl"),
+		"--records", records,
+		"--capture", capture,
 		"--config", filepath.Join(dir, "tokentap.yaml"),
 		"--engine", "off",
 		"--shutdown-grace", "1s",
