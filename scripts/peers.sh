@@ -5,17 +5,26 @@
 #
 #   scripts/peers.sh                  the table at 50 and 200 streams, 3 runs,
 #                                     and the 1,000-stream memory run (~15 min)
-#   scripts/peers.sh --smoke          a few seconds of each, to check that the
-#                                     harness works (what CI runs)
+#   scripts/peers.sh --capacity       the capacity of direct, bare Go, the
+#                                     sidecar and nginx: streams raised in steps
+#                                     until each path's added p99 passes 5 ms
+#                                     (at most ~8 min)
+#   scripts/peers.sh --smoke          a few seconds of each, and two short
+#                                     capacity steps, to check that the harness
+#                                     works (what CI runs); with --capacity,
+#                                     the capacity steps alone
 #   scripts/peers.sh --profile DIR    also CPU and allocation profiles of the
 #                                     sidecar over each window of the first run
 #   scripts/peers.sh -- FLAGS...      more `peerbench run` flags (see
-#                                     `go run ./tools/peerbench run -h`)
+#                                     `go run ./tools/peerbench run -h`), or
+#                                     `peerbench capacity` flags with --capacity
 #
 # Paths: direct, a bare Go httputil.ReverseProxy, the sidecar with every
 # instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
-# an SLO, a canary probe), the sidecar with OTLP off, and nginx, haproxy and
-# caddy when installed (Debian: apt-get install nginx-light haproxy caddy;
+# usage injection, two SLOs, one with structure: required over the 1 request
+# in 4 that declares a tool, tenants from the API keys the client sends, the
+# capture to a file, a canary probe, the live page polled as a browser), the
+# sidecar with OTLP off, and nginx, haproxy and caddy when installed (Debian: apt-get install nginx-light haproxy caddy;
 # write a /usr/sbin/policy-rc.d that exits 101 first, so that apt starts no
 # service). Jaeger is the one scripts/install-test-tools.sh builds; without
 # it traces go to a built-in OTLP sink.
@@ -38,11 +47,13 @@ gobin="$(go env GOBIN)"
 export PATH="$PATH:$gobin"
 
 smoke=false
+capacity=false
 profile=""
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=true ;;
+    --capacity) capacity=true ;;
     --profile) profile="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -56,6 +67,17 @@ mkdir -p "$work"
 echo "peers: work folder $work"
 go build -o "$work/sidecar" ./cmd/sidecar
 go build -o "$work/peerbench" ./tools/peerbench
+
+# The capacity's short steps in the smoke: two, a second each.
+smokecap=(-dir "$work/capacity" -sidecar "$work/sidecar" -steps 5,10 -duration 1s -warmup 1s -budget 1m)
+if [ "$capacity" = true ]; then
+  if [ "$smoke" = true ]; then
+    "$work/peerbench" capacity "${smokecap[@]}" "${extra[@]}"
+  else
+    "$work/peerbench" capacity -dir "$work/capacity" -sidecar "$work/sidecar" "${extra[@]}"
+  fi
+  exit 0
+fi
 
 args=(-dir "$work/run")
 if [ "$smoke" = true ]; then
@@ -79,3 +101,6 @@ if [ -n "${BASELINE:-}" ]; then
   echo "peers: tokentap-base is $rev"
 fi
 "$work/peerbench" run "${args[@]}" "${extra[@]}"
+if [ "$smoke" = true ]; then
+  "$work/peerbench" capacity "${smokecap[@]}"
+fi

@@ -6,6 +6,7 @@
 // caddy when they are installed. scripts/peers.sh builds it and runs it.
 //
 //	peerbench run -sidecar BIN [-streams 50,200] [-duration 10s] [-runs 3] [-memory 1000]
+//	peerbench capacity -sidecar BIN [-steps 100,200,...] [-duration 6s] [-limit 5ms]
 //	peerbench upstream -listen ADDR [-events 200] [-interval 20ms]
 //	peerbench bare -listen ADDR -to URL
 //	peerbench client -url URL [-streams 50] [-duration 10s]
@@ -16,8 +17,11 @@
 // delay through a proxy minus the delay direct is what the proxy adds per
 // event. A proxy's CPU is read from /proc (its process and children:
 // nginx's workers) over the client's measuring window, and divided by the
-// events the client received in that window. docs/performance.md says
-// how to read the table. Everything listens on 127.0.0.1, and every load
+// events the client received in that window. The capacity mode raises
+// the streams step by step through direct, bare Go, the sidecar and
+// nginx, and finds each path's event rate at which its added p99 delay
+// first exceeds 5 ms (capacity.go). docs/performance.md says how to
+// read the tables. Everything listens on 127.0.0.1, and every load
 // is bounded in streams and time.
 //
 // Adapted from the project's peers harness (shared/bench, streambench);
@@ -31,7 +35,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: peerbench run|upstream|bare|client|otlp|sidecar [flags]")
+		fmt.Fprintln(os.Stderr, "usage: peerbench run|capacity|upstream|bare|client|otlp|sidecar [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -39,6 +43,8 @@ func main() {
 	switch os.Args[1] {
 	case "run":
 		err = runCmd(args)
+	case "capacity":
+		err = capacityCmd(args)
 	case "upstream":
 		err = upstreamCmd(args)
 	case "bare":
@@ -50,7 +56,7 @@ func main() {
 	case "sidecar":
 		err = sidecarCmd(args)
 	default:
-		err = fmt.Errorf("unknown mode %q (run, upstream, bare, client, otlp, sidecar)", os.Args[1])
+		err = fmt.Errorf("unknown mode %q (run, capacity, upstream, bare, client, otlp, sidecar)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peerbench:", err)
