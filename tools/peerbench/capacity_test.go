@@ -166,7 +166,7 @@ func TestCapacityOverAtTheFirstStep(t *testing.T) {
 func TestCapacityFallingBehindOrNoEventsIsOver(t *testing.T) {
 	steps := []int{100, 200}
 	f := table(steps, "direct: 1000 1000", "bare: 1000 1000/1000", "nginx: 1000 1000/1000")
-	f.evs[key("bare", 200)] = 8000 // of direct's 10,000: behind
+	f.evs[key("bare", 200)] = 7500 // of direct's 10,000: behind
 	f.evs[key("nginx", 200)] = 0   // nothing through it
 	_, res, _ := search(steps, f, "bare", "nginx").run()
 	for _, r := range res {
@@ -181,7 +181,7 @@ func TestCapacityStopsWhenDirectFallsBehind(t *testing.T) {
 	f := table(steps, "direct: 1000 1000 -", "tokentap: 2000 9000 -")
 	f.evs[key("direct", 200)] = 8000 // offered 10,000
 	rows, res, stopped := search(steps, f, "tokentap").run()
-	if !strings.Contains(stopped, "200 streams") || !strings.Contains(stopped, "8000 of 10000") {
+	if !strings.Contains(stopped, "200 streams") || !strings.Contains(stopped, "8000 events/s, 80%") {
 		t.Errorf("stopped %q, want direct's shortfall at 200 streams", stopped)
 	}
 	if r := res[0]; r.last != 0 || r.exceeded {
@@ -226,5 +226,57 @@ func TestParseCapacitySteps(t *testing.T) {
 	f, err := parseCapacity([]string{"-sidecar", "x", "-steps", "5, 10"})
 	if err != nil || !slices.Equal(f.steps, []int{5, 10}) || !f.only["direct"] || !f.only["nginx"] || f.only["tokentap-nootlp"] {
 		t.Errorf("steps %v only %v err %v", f.steps, f.only, err)
+	}
+}
+
+// TestCapacityJudgedOverTheReference: with reference streams beside a
+// path's, its added p99 is over them, whatever direct's own window said.
+func TestCapacityJudgedOverTheReference(t *testing.T) {
+	steps := []int{100, 200}
+	f := table(steps, "direct: 1000 9000", "tokentap: 2000 12000 -")
+	ref := map[string]float64{key("tokentap", 100): 1500, key("tokentap", 200): 11000}
+	s := search(steps, f, "tokentap")
+	s.measure = func(streams int, path string) summary {
+		m := f.measure(streams, path)
+		if r, ok := ref[key(path, streams)]; ok {
+			m.refP99, m.hasRef = r, true
+		}
+		return m
+	}
+	_, res, _ := s.run()
+	if r := res[0]; r.last != 1 || r.exceeded || r.at.added != 1000 || r.at.seqAdded != 3000 {
+		t.Errorf("last %d exceeded %v added %.0f over direct's window %.0f; want the last step, 12000 − 11000 and 12000 − 9000",
+			r.last, r.exceeded, r.at.added, r.at.seqAdded)
+	}
+	// Over the reference by more than the limit: over, though direct's
+	// window was worse still.
+	ref[key("tokentap", 200)] = 6000
+	f.calls = nil
+	_, res, _ = s.run()
+	if r := res[0]; !r.exceeded || r.overAt != 1 {
+		t.Errorf("12000 over a reference of 6000: exceeded %v overAt %d; want over at 200 streams", r.exceeded, r.overAt)
+	}
+}
+
+func TestFellBehind(t *testing.T) {
+	d := summary{evs: 4000, hasEvents: true}
+	for _, c := range []struct {
+		streams            int
+		offered, perStream float64
+		want               string
+	}{
+		{100, 5000, 0, ""},                    // the first step: 80% of offered, the timers' slop
+		{100, 6000, 0, "4000 of the 6000"},    // under 75%
+		{100, 5000, 44, ""},                   // 91% of 100 streams at 44 a stream
+		{100, 5000, 45, "4000 events/s, 89%"}, // under 90%
+		{100, 5000, 40, ""},
+	} {
+		got := fellBehind(d, c.streams, c.offered, c.perStream)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%d streams, offered %.0f, %.0f a stream before: %q, want %q", c.streams, c.offered, c.perStream, got, c.want)
+		}
+	}
+	if got := fellBehind(summary{}, 100, 5000, 50); got == "" {
+		t.Error("no events: not behind")
 	}
 }

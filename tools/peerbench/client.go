@@ -35,6 +35,13 @@ type load struct {
 	// "Authorization: Bearer KEY" (tenants from the API key); empty: no
 	// Authorization header.
 	Keys []string
+	// RefStreams more streams, kept against RefURL (the upstream itself)
+	// at the same time, are the reference: their delays, in
+	// result.RefDelays, saw the same machine in the same window, so
+	// that a path's p99 minus theirs is what the path's hop added,
+	// whatever the neighbours' load did meanwhile. 0: none.
+	RefStreams int
+	RefURL     string
 }
 
 // plainBody and toolBody are the requests' bodies: a chat completion,
@@ -69,7 +76,10 @@ type result struct {
 	Requests   int64 // streams that ended with [DONE]
 	Window     time.Duration
 	Delays     []int64 // per event, ns, sorted
-	Firsts     []int64 // per request, time to the first event, ns, sorted
+	// RefDelays are the reference streams' (load.RefStreams), ns,
+	// sorted; their events and errors are not in Events and Errors.
+	RefDelays []int64
+	Firsts    []int64 // per request, time to the first event, ns, sorted
 	// ErrKinds counts the errors by kind (the first words of each).
 	ErrKinds map[string]int
 }
@@ -112,14 +122,19 @@ func (l load) run() result {
 	for i, k := range l.Keys {
 		auth[i] = "Bearer " + k
 	}
-	for i := 0; i < l.Streams; i++ {
+	total := l.Streams + l.RefStreams
+	for i := 0; i < total; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
+			ref, url := i >= l.Streams, l.URL
+			if ref {
+				url = l.RefURL
+			}
 			// Stagger the starts over half the warm-up, so the streams
 			// are not in phase.
 			select {
-			case <-time.After(time.Duration(i) * (l.Warmup / 2) / time.Duration(l.Streams)):
+			case <-time.After(time.Duration(i) * (l.Warmup / 2) / time.Duration(total)):
 			case <-ctx.Done():
 				return
 			}
@@ -144,7 +159,7 @@ func (l load) run() result {
 				if l.ToolEvery > 0 && n%int64(l.ToolEvery) == 0 {
 					body = toolBody
 				}
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.URL, bytes.NewReader(body))
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				if len(auth) > 0 {
 					req.Header.Set("Authorization", auth[n%int64(len(auth))])
@@ -209,6 +224,11 @@ func (l load) run() result {
 				}
 			}
 			mu.Lock()
+			if ref {
+				res.RefDelays = append(res.RefDelays, delays...)
+				mu.Unlock()
+				return
+			}
 			res.Delays = append(res.Delays, delays...)
 			res.Firsts = append(res.Firsts, firsts...)
 			res.Events += events
@@ -231,6 +251,7 @@ func (l load) run() result {
 	wg.Wait()
 	res.Window = l.Duration
 	slices.Sort(res.Delays)
+	slices.Sort(res.RefDelays)
 	slices.Sort(res.Firsts)
 	return res
 }

@@ -18,12 +18,19 @@ type summary struct {
 	rss             float64 // MiB at the end of the window
 	side, sidePerEv float64 // telemetry receivers' CPU, s and µs per event
 	hasEvents       bool
+	// refP99 is the p99 delay of the reference streams run beside the
+	// cell's (load.RefStreams), µs; hasRef says there were some.
+	refP99 float64
+	hasRef bool
 }
 
 func summarize(c cell, window time.Duration) summary {
 	s := summary{evs: float64(c.res.Events) / window.Seconds(), errs: float64(c.res.Errors),
 		p50: us(c.res.P(.5)), p99: us(c.res.P(.99)), cpu: c.cpu.Seconds(), rss: float64(c.rssKiB) / 1024,
 		side: c.side.Seconds(), hasEvents: c.res.Events > 0}
+	if len(c.res.RefDelays) > 0 {
+		s.refP99, s.hasRef = us(c.res.quantile(c.res.RefDelays, .99)), true
+	}
 	if c.res.Events > 0 {
 		s.cpuPerEv = float64(c.cpu.Nanoseconds()) / 1e3 / float64(c.res.Events)
 		s.sidePerEv = float64(c.side.Nanoseconds()) / 1e3 / float64(c.res.Events)

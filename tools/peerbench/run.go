@@ -237,11 +237,15 @@ type bench struct {
 	self     string
 	upstream *proc
 	upPort   int
-	sink     *proc
-	jaeger   *proc
-	tracesTo string
-	targets  []*target
-	missing  []string
+	// refStreams, when set, gives the reference streams the client
+	// keeps straight to the upstream beside s streams through a path
+	// (load.RefStreams): the capacity's concurrent direct.
+	refStreams func(s int) int
+	sink       *proc
+	jaeger     *proc
+	tracesTo   string
+	targets    []*target
+	missing    []string
 }
 
 func (b *bench) close() {
@@ -516,6 +520,10 @@ func (b *bench) load(t *target, s int, window time.Duration) load {
 	l := load{URL: t.url(), Streams: s, Duration: window, Warmup: b.f.warmup, ToolEvery: b.f.toolEvery}
 	if b.f.keys > 0 {
 		l.Keys = apiKeys(b.f.keys)
+	}
+	if b.refStreams != nil {
+		l.RefStreams = b.refStreams(s)
+		l.RefURL = fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", b.upPort)
 	}
 	return l
 }
