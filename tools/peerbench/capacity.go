@@ -218,7 +218,7 @@ func parseCapacity(args []string) (capFlags, error) {
 	var f capFlags
 	fs := flag.NewFlagSet("capacity", flag.ContinueOnError)
 	fs.StringVar(&f.sidecar, "sidecar", "", "the sidecar binary (cmd/sidecar)")
-	steps := fs.String("steps", "100,200,300,400,500,600,800,1000", "stream counts of the steps, ascending (each stream: -events events -interval apart)")
+	steps := fs.String("steps", "25,50,100,150,200,300,400,600,800,1000", "stream counts of the steps, ascending (each stream: -events events -interval apart)")
 	fs.DurationVar(&f.duration, "duration", 6*time.Second, "measuring window of each step")
 	fs.DurationVar(&f.warmup, "warmup", 2*time.Second, "warm-up before each window")
 	fs.DurationVar(&f.limit, "limit", 5*time.Millisecond, "the added p99 delay a path's capacity stays within")
