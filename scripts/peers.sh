@@ -24,9 +24,11 @@
 # usage injection, two SLOs, one with structure: required over the 1 request
 # in 4 that declares a tool, tenants from the API keys the client sends, the
 # capture to a file, a canary probe, the live page polled as a browser), the
-# sidecar with OTLP off, and nginx, haproxy and caddy when installed (Debian: apt-get install nginx-light haproxy caddy;
-# write a /usr/sbin/policy-rc.d that exits 101 first, so that apt starts no
-# service). Jaeger is the one scripts/install-test-tools.sh builds; without
+# sidecar with OTLP off, and nginx, haproxy and caddy when installed (Debian:
+# apt-get install nginx-light haproxy caddy; write a /usr/sbin/policy-rc.d
+# that exits 101 first, so that apt starts no service). --capacity runs
+# direct, bare Go, the sidecar and nginx; BASELINE and --profile apply to the
+# table only. Jaeger is the one scripts/install-test-tools.sh builds; without
 # it traces go to a built-in OTLP sink.
 #
 # Environment:
