@@ -145,11 +145,17 @@ func (t *tap) frameHeld(b []byte, at time.Time) {
 
 // emit forwards b: into the caller's buffer after what frameStrip put
 // there (b lies in that buffer, at or after that point), or to t.out.
+// Bytes already where they go (nothing was cut before them in this read:
+// every content chunk) are not copied onto themselves.
 func (t *tap) emit(b []byte) {
-	if t.emitTo != nil {
-		t.emitN += copy(t.emitTo[t.emitN:], b)
-	} else {
+	switch {
+	case len(b) == 0:
+	case t.emitTo == nil:
 		t.out = append(t.out, b...)
+	case &b[0] == &t.emitTo[t.emitN]:
+		t.emitN += len(b)
+	default:
+		t.emitN += copy(t.emitTo[t.emitN:], b)
 	}
 }
 
