@@ -194,6 +194,15 @@ func (m *Metrics) SetUpstreamUp(up bool) {
 // Request holds the live instruments of one request, resolved once at
 // its start so that per-event observations take no lock shared across
 // requests and allocate nothing.
+//
+// Its ITL and forward-delay observations are held in the request's own
+// arrays and added to the shared histograms flushEvery at a time, and
+// the rest at Done: the histograms are shared by every stream (the
+// forward delay's by all of them), and an observation per event moved
+// their cache lines between the cores serving the streams on every event
+// (docs/performance.md, "Issue 36"). Nothing is lost: Done, called once
+// at every request's end, adds what is held. A scrape sees at most
+// flushEvery-1 observations of each request in flight late.
 type Request struct {
 	m        *Metrics
 	op       string
@@ -201,6 +210,34 @@ type Request struct {
 	inFlight prometheus.Gauge
 	itl      prometheus.Observer
 	labels   Labels
+	gaps     held // ITL observations not yet in itl
+	fwds     held // forward delays not yet in m.forward
+}
+
+// flushEvery is how many observations of one live histogram a request
+// holds before it adds them to the shared one.
+const flushEvery = 16
+
+// held is a request's observations of one histogram, in seconds, not yet
+// added to it.
+type held struct {
+	v [flushEvery]float64
+	n int
+}
+
+// add holds v and reports whether the array is full (flush it).
+func (h *held) add(v float64) bool {
+	h.v[h.n] = v
+	h.n++
+	return h.n == flushEvery
+}
+
+// flush adds what is held to o.
+func (h *held) flush(o prometheus.Observer) {
+	for _, v := range h.v[:h.n] {
+		o.Observe(v)
+	}
+	h.n = 0
 }
 
 // Begin starts observing a request live; it implements record.Observer.
@@ -211,26 +248,43 @@ func (m *Metrics) Begin(k record.Key) record.Observation {
 	return q
 }
 
-// Gap observes one inter-token gap. The series is resolved at the first
-// gap, so non-streaming requests create no empty ITL series; by then the
-// engine has served the model, so its name may take a label slot.
+// Gap observes one inter-token gap (held: see Request).
 func (q *Request) Gap(d time.Duration) {
+	if q.gaps.add(d.Seconds()) {
+		q.flushGaps()
+	}
+}
+
+// flushGaps adds the held gaps to the ITL series. The series is resolved
+// at the first flush, so non-streaming requests create no empty ITL
+// series; by then the engine has served the model, so its name may take
+// a label slot.
+func (q *Request) flushGaps() {
+	if q.gaps.n == 0 {
+		return
+	}
 	if q.itl == nil {
 		q.itl = q.m.itl.WithLabelValues(q.labels[LOperation], q.m.models.Admit(q.model), q.labels[LTraffic], q.labels[LProbe])
 	}
-	q.itl.Observe(d.Seconds())
+	q.gaps.flush(q.itl)
 }
 
 // ResponseModel names the model of a request that named none, before
-// its first gap resolves the ITL series (pipeline.Request.ResponseModel).
+// its first flush of gaps resolves the ITL series
+// (pipeline.Request.ResponseModel).
 func (q *Request) ResponseModel(name string) {
 	if q.model == "" {
 		q.model = name
 	}
 }
 
-// ForwardDelay observes the sidecar's forwarding delay of one chunk.
-func (q *Request) ForwardDelay(d time.Duration) { q.m.forward.Observe(d.Seconds()) }
+// ForwardDelay observes the sidecar's forwarding delay of one chunk
+// (held: see Request).
+func (q *Request) ForwardDelay(d time.Duration) {
+	if q.fwds.add(d.Seconds()) {
+		q.fwds.flush(q.m.forward)
+	}
+}
 
 // Malformed counts an unparseable event.
 func (q *Request) Malformed() { q.m.malformed.WithLabelValues(q.op).Inc() }
@@ -241,8 +295,13 @@ func (q *Request) UsageInjected() { q.m.usageInjected.Inc() }
 // TapFailed counts a fail-open fallback.
 func (q *Request) TapFailed(reason string) { q.m.tapFailures.WithLabelValues(reason).Inc() }
 
-// Done ends the request's in-flight count.
-func (q *Request) Done() { q.inFlight.Dec() }
+// Done adds the observations still held to the shared histograms and
+// ends the request's in-flight count.
+func (q *Request) Done() {
+	q.flushGaps()
+	q.fwds.flush(q.m.forward)
+	q.inFlight.Dec()
+}
 
 // Publish observes a finished record through the one mapping, under its
 // key k (k.Model: the bounded model label); the ITL gaps were observed

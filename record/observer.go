@@ -30,7 +30,8 @@ type Key struct {
 // ForwardDelay are called per event on the hot path: implementations must
 // not allocate or take a lock shared across requests there. Done is
 // called exactly once, when the request is over, before the pipeline's
-// end stages run.
+// end stages run; an implementation may hold a request's observations
+// until then (exporter.Request does, in arrays of 16).
 type Observation interface {
 	Gap(d time.Duration)
 	ForwardDelay(d time.Duration)
