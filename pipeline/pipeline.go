@@ -211,15 +211,20 @@ type Tally interface {
 
 // Load measures the load requests run under (slo.LoadMeter).
 type Load interface {
-	// Begin counts a request in flight from now.
-	Begin() LoadSpan
+	// Begin counts a request in flight from now and returns where it
+	// began.
+	Begin() LoadMark
+	// End ends the request begun at mark and returns the load it ran
+	// under and the label of the load's bucket.
+	End(mark LoadMark) (load float64, bucket string)
 }
 
-// LoadSpan is one request's life on a Load.
-type LoadSpan interface {
-	// End ends the request and returns the load it ran under and the
-	// label of the load's bucket.
-	End() (load float64, bucket string)
+// LoadMark is where a request began on a Load: the Load's clock and its
+// integral of the in-flight count then, in the Load's own units. A value,
+// kept in the Request: no allocation per request (an interface holding
+// the span cost one).
+type LoadMark struct {
+	At, Integral float64
 }
 
 // Pipeline runs the stages. Its methods are safe for concurrent use.
@@ -292,7 +297,7 @@ type Request struct {
 	model  string     // as requested
 	key    record.Key // the metric backends' key: its Model is the label
 	energy EnergyShare
-	load   LoadSpan
+	load   LoadMark // where it began on p.o.Load, if set
 	spans  Spans
 	check  func(*record.Record)
 	cap    CaptureEntry
@@ -424,8 +429,8 @@ func (q *Request) End(rec *record.Record, captured []byte) {
 	// ran under is known.
 	st.run(func() {
 		q.live.Done()
-		if q.load != nil {
-			rec.Load, rec.LoadBucket = q.load.End()
+		if p.o.Load != nil {
+			rec.Load, rec.LoadBucket = p.o.Load.End(q.load)
 		}
 		if p.o.Models != nil {
 			if served(rec) {

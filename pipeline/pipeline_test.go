@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/tokentap/tokentap/config"
 	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/gpu"
 	"github.com/tokentap/tokentap/pipeline"
@@ -235,5 +236,29 @@ func TestPanickingStageSparesTheLaterOnes(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != rec {
 		t.Errorf("%d records reached the second sink, want 1", len(got))
+	}
+}
+
+// The load meter costs a request no allocation: Begin and End with a
+// Load allocate what they do without one, and the record gets its load.
+func TestLoadAllocatesNothingPerRequest(t *testing.T) {
+	run := func(load pipeline.Load) (float64, *record.Record) {
+		p := pipeline.New(pipeline.Options{Load: load})
+		var rec *record.Record
+		n := testing.AllocsPerRun(200, func() {
+			rec = record.New(1)
+			rec.API, rec.Traffic = stream.NameChat, "live"
+			_, q := p.Begin(context.Background(), rec, pipeline.Start{Key: record.Key{API: rec.API, Traffic: "live"}, PromptTokens: -1})
+			q.End(rec, nil)
+		})
+		return n, rec
+	}
+	without, _ := run(nil)
+	with, rec := run(slo.NewLoadMeter(slo.NewLoadBuckets(config.Capacity{})))
+	if with != without {
+		t.Errorf("%v allocations per request with a load meter, %v without", with, without)
+	}
+	if rec.Load != 1 || rec.LoadBucket == "" {
+		t.Errorf("load %v in %q, want 1 (itself alone) in a bucket", rec.Load, rec.LoadBucket)
 	}
 }

@@ -135,13 +135,6 @@ func NewLoadMeter(buckets LoadBuckets) *LoadMeter {
 // Buckets returns the meter's load buckets.
 func (m *LoadMeter) Buckets() LoadBuckets { return m.buckets }
 
-// LoadSpan is one request's life on a LoadMeter (a pipeline.LoadSpan).
-type LoadSpan struct {
-	m        *LoadMeter
-	at       float64 // ns since epoch
-	integral float64
-}
-
 // advance brings the integral to now; m.mu is held.
 func (m *LoadMeter) advance() float64 {
 	t := float64(m.now().Sub(m.epoch))
@@ -152,13 +145,14 @@ func (m *LoadMeter) advance() float64 {
 	return m.last
 }
 
-// Begin counts a request in flight from now. It returns a LoadSpan.
-func (m *LoadMeter) Begin() pipeline.LoadSpan {
+// Begin counts a request in flight from now and returns its mark (ns
+// since the meter's epoch, and the integral then), for End.
+func (m *LoadMeter) Begin() pipeline.LoadMark {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.advance()
 	m.n++
-	return LoadSpan{m: m, at: t, integral: m.integral}
+	return pipeline.LoadMark{At: t, Integral: m.integral}
 }
 
 // InFlight returns the requests in flight now.
@@ -168,23 +162,19 @@ func (m *LoadMeter) InFlight() int64 {
 	return m.n
 }
 
-// End ends the request and returns its load, the time-weighted mean of
-// the in-flight count over its life (itself included), and the label
-// of its bucket. A request of no measurable duration gets the count at
-// its end. End on the zero LoadSpan returns 0 and "".
-func (s LoadSpan) End() (load float64, bucket string) {
-	m := s.m
-	if m == nil {
-		return 0, ""
-	}
+// End ends the request begun at s (Begin's mark) and returns its load,
+// the time-weighted mean of the in-flight count over its life (itself
+// included), and the label of its bucket. A request of no measurable
+// duration gets the count at its end. Each Begin takes one End.
+func (m *LoadMeter) End(s pipeline.LoadMark) (load float64, bucket string) {
 	m.mu.Lock()
 	t := m.advance()
 	n := m.n
 	m.n--
 	integral := m.integral
 	m.mu.Unlock()
-	if t > s.at {
-		load = (integral - s.integral) / (t - s.at)
+	if t > s.At {
+		load = (integral - s.Integral) / (t - s.At)
 	} else {
 		load = float64(n)
 	}
