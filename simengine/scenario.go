@@ -91,10 +91,10 @@ const CausesScenarioName = "causes"
 // (TestCausesScenario) its slow events are, by cause: first tokens 303
 // connection, 144 queue, 100 long_prefill_ahead, 4 to 6 unexplained and
 // 92 slow by their own long prompt (no cause); stalls 191 or 192
-// prefill_interference, 128 preemption, 109 or 110 unexplained. (The
-// requests sent at one instant dial in the order the goroutines run,
-// which decides which connections are slow: a few counts move by one or
-// two from run to run.)
+// prefill_interference, 128 preemption, 109 or 110 unexplained. (Drive
+// sends the requests due at one instant 1 µs apart, so on a fake clock
+// they dial in their order and the counts stay the same from run to
+// run; in real time a few move by one or two.)
 func CausesScenario() Scenario {
 	cfg := Config{
 		Model: "tokentap-sim", MaxBatch: 4, MaxQueue: 64, RejectStatus: 429,
