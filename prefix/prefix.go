@@ -69,18 +69,26 @@ type Stats struct {
 type Tracker struct {
 	o      Options
 	last   time.Time
-	seen   map[uint64]int64 // id → when it was last seen (unix nanoseconds)
-	queue  []sighting       // every sighting, oldest first, from head
-	head   int
+	seen   map[uint64]int32 // id → its node in the window's list
+	win    window
 	caches []*lru
 	hits   []int // Result.Hits' backing array, reused
 	evict  uint64
 }
 
-// sighting is one id seen at one instant: the window's queue.
-type sighting struct {
-	id uint64
-	at int64
+// window is the ids the window remembers, a doubly linked list kept in
+// slices, least recently seen first: as Observe's instants never go
+// back, a refreshed id moves to the tail and the list stays in the
+// order of the last sightings. An id held costs one node (24 bytes) and
+// a map entry, however often it is seen (a queue of every sighting grew
+// with the requests, not the ids, for a whole window: issue 36's soak).
+// Freed nodes are kept for reuse, chained through next.
+type window struct {
+	ids        []uint64
+	at         []int64 // when ids[i] was last seen (unix nanoseconds)
+	prev, next []int32
+	head, tail int32 // -1: none
+	free       int32 // -1: none
 }
 
 // New returns a Tracker.
@@ -91,7 +99,7 @@ func New(o Options) *Tracker {
 	if len(o.Sizes) > MaxSizes {
 		panic("prefix: too many cache sizes")
 	}
-	t := &Tracker{o: o, seen: map[uint64]int64{}, hits: make([]int, len(o.Sizes))}
+	t := &Tracker{o: o, seen: map[uint64]int32{}, win: window{head: -1, tail: -1, free: -1}, hits: make([]int, len(o.Sizes))}
 	total := 0
 	for _, s := range o.Sizes {
 		if s <= 0 {
@@ -140,39 +148,69 @@ func (t *Tracker) Observe(at time.Time, ids []uint64) Result {
 
 // expire forgets the ids last seen before since.
 func (t *Tracker) expire(since int64) {
-	for t.head < len(t.queue) && t.queue[t.head].at < since {
-		s := t.queue[t.head]
-		t.head++
-		if at, ok := t.seen[s.id]; ok && at == s.at { // not seen again since
-			delete(t.seen, s.id)
-		}
+	for w := &t.win; w.head >= 0 && w.at[w.head] < since; {
+		t.forget(w.head)
 	}
-	t.compact()
 }
 
-// see records id seen at now, forgetting the oldest ids past MaxIDs.
+// see records id seen at now, forgetting the least recently seen ids
+// past MaxIDs.
 func (t *Tracker) see(id uint64, now int64) {
-	t.seen[id] = now
-	t.queue = append(t.queue, sighting{id, now})
-	// The queue holds every sighting in the window, refreshed ids' older
-	// ones too; past twice MaxIDs (or MaxIDs distinct ids) the oldest go.
-	for len(t.seen) > t.o.MaxIDs || len(t.queue)-t.head > 2*t.o.MaxIDs {
-		s := t.queue[t.head]
-		t.head++
-		if at, ok := t.seen[s.id]; ok && at == s.at {
-			delete(t.seen, s.id)
-			t.evict++
-		}
+	w := &t.win
+	if n, ok := t.seen[id]; ok {
+		w.at[n] = now
+		w.unlink(n)
+		w.push(n)
+		return
+	}
+	var n int32
+	if w.free >= 0 {
+		n, w.free = w.free, w.next[w.free]
+	} else {
+		n = int32(len(w.ids))
+		w.ids, w.at, w.prev, w.next = append(w.ids, 0), append(w.at, 0), append(w.prev, -1), append(w.next, -1)
+	}
+	w.ids[n], w.at[n] = id, now
+	w.push(n)
+	t.seen[id] = n
+	for len(t.seen) > t.o.MaxIDs {
+		t.forget(w.head)
+		t.evict++
 	}
 }
 
-// compact moves the queue's live part to its start once most of it is
-// spent, so that it does not grow without end.
-func (t *Tracker) compact() {
-	if t.head > 1024 && t.head > len(t.queue)/2 {
-		n := copy(t.queue, t.queue[t.head:])
-		clear(t.queue[n:])
-		t.queue, t.head = t.queue[:n], 0
+// forget drops node n from the window and frees it.
+func (t *Tracker) forget(n int32) {
+	w := &t.win
+	delete(t.seen, w.ids[n])
+	w.unlink(n)
+	w.next[n], w.free = w.free, n
+}
+
+func (w *window) unlink(n int32) {
+	p, x := w.prev[n], w.next[n]
+	if p >= 0 {
+		w.next[p] = x
+	} else {
+		w.head = x
+	}
+	if x >= 0 {
+		w.prev[x] = p
+	} else {
+		w.tail = p
+	}
+	w.prev[n], w.next[n] = -1, -1
+}
+
+// push makes n the most recently seen: the list's tail.
+func (w *window) push(n int32) {
+	w.prev[n], w.next[n] = w.tail, -1
+	if w.tail >= 0 {
+		w.next[w.tail] = n
+	}
+	w.tail = n
+	if w.head < 0 {
+		w.head = n
 	}
 }
 

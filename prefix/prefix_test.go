@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestNoWindowAndOrder(t *testing.T) {
 
 // The window's bound: past MaxIDs the oldest ids are forgotten and
 // counted, and what is then missed counts as new: reuse is never
-// invented, and the queue does not grow without end.
+// invented, and the window does not grow past it.
 func TestMaxIDsForgetsOldestCounted(t *testing.T) {
 	tr := New(Options{Window: time.Hour, MaxIDs: 100})
 	for i := range 10000 {
@@ -72,8 +73,50 @@ func TestMaxIDsForgetsOldestCounted(t *testing.T) {
 	if r := tr.Observe(t0.Add(10*time.Second), []uint64{9999}); r.Reused != 1 {
 		t.Fatal("a recent id not counted reused")
 	}
-	if cap(tr.queue) > 4*100+2048 {
-		t.Fatalf("the queue's capacity grew to %d for a bound of 100 ids", cap(tr.queue))
+	if len(tr.win.ids) > 101 {
+		t.Fatalf("the window grew to %d nodes for a bound of 100 ids", len(tr.win.ids))
+	}
+}
+
+// The window's memory grows with the ids it holds, never with how often
+// they are seen: a workload that repeats the same prompts (issue 36's
+// soak: 8 ids, a request every few ms for an hour) costs nothing per
+// request once its ids are held. A queue of every sighting grew 16 bytes
+// a block a request for the whole window (tens of MiB an hour).
+func TestRefreshedIDsCostNothing(t *testing.T) {
+	tr := New(Options{Window: time.Hour})
+	ids := [8][]uint64{}
+	for k := range ids {
+		ids[k] = []uint64{uint64(k) + 1}
+	}
+	observe := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			tr.Observe(t0.Add(time.Duration(i)*10*time.Millisecond), ids[i%len(ids)])
+		}
+	}
+	observe(0, 1000) // every id held
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	observe(1000, 100000)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+		t.Errorf("100000 sightings of 8 held ids allocated %d bytes, want none (64 KiB of slack)", got)
+	}
+	if st := tr.Stats(); st.IDs != 8 || st.Evicted != 0 {
+		t.Errorf("stats %+v, want 8 ids held, none evicted", st)
+	}
+	if r := tr.Observe(t0.Add(1100*time.Second), ids[3]); r.Reused != 1 {
+		t.Error("a refreshed id not counted reused")
+	}
+	// Refreshed ids still expire a window after their last sighting.
+	if r := tr.Observe(t0.Add(1100*time.Second+time.Hour), ids[3]); r.Reused != 1 {
+		t.Error("an id seen a window ago (within) not counted reused")
+	}
+	if r := tr.Observe(t0.Add(1101*time.Second+time.Hour), ids[0]); r.Reused != 0 {
+		t.Error("an id last seen over a window ago counted reused")
+	}
+	if st := tr.Stats(); st.IDs != 2 {
+		t.Errorf("after the others expired: %d ids held, want 2", st.IDs)
 	}
 }
 
