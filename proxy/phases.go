@@ -198,12 +198,14 @@ func (ph *phases) firstByteHook() {
 	}
 }
 
-// sent returns when the request was written to the upstream whole; zero
-// if it was not (yet).
-func (ph *phases) sent() time.Time {
+// reached says whether the upstream was reached: the request was
+// written whole, or the answer's first byte arrived (the transport may
+// read an answer, and fail on it, before its writer reports the request
+// written).
+func (ph *phases) reached() bool {
 	ph.mu.Lock()
 	defer ph.mu.Unlock()
-	return ph.wrote
+	return !ph.wrote.IsZero() || !ph.firstByte.IsZero()
 }
 
 // settle ends the phases: it returns the request's record.Upstream and

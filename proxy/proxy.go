@@ -848,10 +848,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		status, etype, outcome = http.StatusGatewayTimeout, record.ErrTimeout, record.Timeout
 	case upstreamTLS(err):
 		etype = record.ErrUpstreamTLS
-	case st != nil && !st.phases.sent().IsZero():
-		// The request was written: the engine was reached, and the
-		// connection broke (or the answer was not HTTP) before the
-		// response headers, as when an engine dies with requests queued.
+	case st != nil && st.phases.reached():
+		// The request was written, or an answer began: the engine was
+		// reached, and the connection broke (or the answer was not one it
+		// could give, as a 101 nobody asked for) before the response
+		// headers, as when an engine dies with requests queued.
 		etype = record.ErrUpstreamReset
 	}
 	p.log.Warn("upstream request failed", "err", err, "outcome", outcome)
