@@ -84,11 +84,10 @@ type Tracker struct {
 // with the requests, not the ids, for a whole window: issue 36's soak).
 // Freed nodes are kept for reuse, chained through next.
 type window struct {
-	ids        []uint64
-	at         []int64 // when ids[i] was last seen (unix nanoseconds)
-	prev, next []int32
-	head, tail int32 // -1: none
-	free       int32 // -1: none
+	list // least recently seen at the head
+	ids  []uint64
+	at   []int64 // when ids[i] was last seen (unix nanoseconds)
+	free int32   // -1: none
 }
 
 // New returns a Tracker.
@@ -99,7 +98,7 @@ func New(o Options) *Tracker {
 	if len(o.Sizes) > MaxSizes {
 		panic("prefix: too many cache sizes")
 	}
-	t := &Tracker{o: o, seen: map[uint64]int32{}, win: window{head: -1, tail: -1, free: -1}, hits: make([]int, len(o.Sizes))}
+	t := &Tracker{o: o, seen: map[uint64]int32{}, win: window{list: newList(), free: -1}, hits: make([]int, len(o.Sizes))}
 	total := 0
 	for _, s := range o.Sizes {
 		if s <= 0 {
@@ -160,18 +159,18 @@ func (t *Tracker) see(id uint64, now int64) {
 	if n, ok := t.seen[id]; ok {
 		w.at[n] = now
 		w.unlink(n)
-		w.push(n)
+		w.pushBack(n)
 		return
 	}
 	var n int32
 	if w.free >= 0 {
 		n, w.free = w.free, w.next[w.free]
 	} else {
-		n = int32(len(w.ids))
-		w.ids, w.at, w.prev, w.next = append(w.ids, 0), append(w.at, 0), append(w.prev, -1), append(w.next, -1)
+		n = w.grow()
+		w.ids, w.at = append(w.ids, 0), append(w.at, 0)
 	}
 	w.ids[n], w.at[n] = id, now
-	w.push(n)
+	w.pushBack(n)
 	t.seen[id] = n
 	for len(t.seen) > t.o.MaxIDs {
 		t.forget(w.head)
@@ -187,30 +186,54 @@ func (t *Tracker) forget(n int32) {
 	w.next[n], w.free = w.free, n
 }
 
-func (w *window) unlink(n int32) {
-	p, x := w.prev[n], w.next[n]
-	if p >= 0 {
-		w.next[p] = x
-	} else {
-		w.head = x
-	}
-	if x >= 0 {
-		w.prev[x] = p
-	} else {
-		w.tail = p
-	}
-	w.prev[n], w.next[n] = -1, -1
+// list is a doubly linked list of nodes numbered from 0, kept in slices.
+type list struct {
+	prev, next []int32
+	head, tail int32 // -1: none
 }
 
-// push makes n the most recently seen: the list's tail.
-func (w *window) push(n int32) {
-	w.prev[n], w.next[n] = w.tail, -1
-	if w.tail >= 0 {
-		w.next[w.tail] = n
+func newList() list { return list{head: -1, tail: -1} }
+
+// grow adds a node, unlinked, and returns its number.
+func (l *list) grow() int32 {
+	l.prev, l.next = append(l.prev, -1), append(l.next, -1)
+	return int32(len(l.prev) - 1)
+}
+
+func (l *list) unlink(n int32) {
+	p, x := l.prev[n], l.next[n]
+	if p >= 0 {
+		l.next[p] = x
+	} else {
+		l.head = x
 	}
-	w.tail = n
-	if w.head < 0 {
-		w.head = n
+	if x >= 0 {
+		l.prev[x] = p
+	} else {
+		l.tail = p
+	}
+	l.prev[n], l.next[n] = -1, -1
+}
+
+func (l *list) pushBack(n int32) {
+	l.prev[n], l.next[n] = l.tail, -1
+	if l.tail >= 0 {
+		l.next[l.tail] = n
+	}
+	l.tail = n
+	if l.head < 0 {
+		l.head = n
+	}
+}
+
+func (l *list) pushFront(n int32) {
+	l.prev[n], l.next[n] = -1, l.head
+	if l.head >= 0 {
+		l.prev[l.head] = n
+	}
+	l.head = n
+	if l.tail < 0 {
+		l.tail = n
 	}
 }
 
@@ -221,15 +244,14 @@ func (t *Tracker) Stats() Stats { return Stats{IDs: len(t.seen), Evicted: t.evic
 // doubly linked list kept in slices (most recent at the head), so that a
 // block held costs two int32s, an id and a map entry.
 type lru struct {
-	size       int
-	slot       map[uint64]int32
-	ids        []uint64
-	prev, next []int32
-	head, tail int32 // -1: none
+	list // most recent at the head
+	size int
+	slot map[uint64]int32
+	ids  []uint64
 }
 
 func newLRU(size int) *lru {
-	return &lru{size: size, slot: map[uint64]int32{}, head: -1, tail: -1}
+	return &lru{list: newList(), size: size, slot: map[uint64]int32{}}
 }
 
 // lookup returns how many leading ids the cache holds, then touches every
@@ -259,8 +281,8 @@ func (c *lru) touch(id uint64) {
 	}
 	var s int32
 	if len(c.ids) < c.size {
-		s = int32(len(c.ids))
-		c.ids, c.prev, c.next = append(c.ids, id), append(c.prev, -1), append(c.next, -1)
+		s = c.grow()
+		c.ids = append(c.ids, id)
 	} else {
 		s = c.tail
 		c.unlink(s)
@@ -269,30 +291,4 @@ func (c *lru) touch(id uint64) {
 	}
 	c.slot[id] = s
 	c.pushFront(s)
-}
-
-func (c *lru) unlink(s int32) {
-	p, n := c.prev[s], c.next[s]
-	if p >= 0 {
-		c.next[p] = n
-	} else {
-		c.head = n
-	}
-	if n >= 0 {
-		c.prev[n] = p
-	} else {
-		c.tail = p
-	}
-	c.prev[s], c.next[s] = -1, -1
-}
-
-func (c *lru) pushFront(s int32) {
-	c.prev[s], c.next[s] = -1, c.head
-	if c.head >= 0 {
-		c.prev[c.head] = s
-	}
-	c.head = s
-	if c.tail < 0 {
-		c.tail = s
-	}
 }
