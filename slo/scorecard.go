@@ -364,15 +364,26 @@ func (w *cardWindow) totals(now time.Time) cardTotals {
 }
 
 // latHist is a sparse histogram of durations in log buckets 5% wide:
-// bucket i holds values in (latBase·1.05^(i−1), latBase·1.05^i].
+// bucket i holds values in (latBase·1.05^(i−1), latBase·1.05^i]. The zero
+// value is empty.
+//
+// A window keeps one per slot and per figure (60 slots of a card, 180 of
+// the trend), and they fill for as long as the window is long: an hour.
+// So the buckets are one sorted slice of packed words, 8 bytes each
+// (about 10 with the slice's spare room), where a map held them in about
+// 37 (TestCardWindowHistogramsAreSmall): with maps, the soak's heap grew
+// by about 1 MiB an hour until the SLO's 1-hour window was full
+// (docs/performance.md, "An hour at 500 streams").
 type latHist struct {
-	n      int64
-	counts map[int16]int64
+	n int64
+	// cells are the non-empty buckets, ascending, each index<<latShift | count.
+	cells []uint64
 }
 
 const (
 	latBase  = 1e-6 // seconds
 	latRatio = 1.05
+	latShift = 48 // a count takes the low 48 bits, the index the 16 above
 )
 
 var logLatRatio = math.Log(latRatio)
@@ -385,20 +396,35 @@ func latIndex(sec float64) int16 {
 }
 
 func (h *latHist) add(sec float64) {
-	if h.counts == nil {
-		h.counts = map[int16]int64{}
+	k := uint64(latIndex(sec)) << latShift
+	// k has a count of 0 and every cell one of at least 1, so k's place
+	// is the one of its bucket's cell when there is one.
+	i, _ := slices.BinarySearch(h.cells, k)
+	if i < len(h.cells) && h.cells[i]>>latShift == k>>latShift {
+		h.cells[i]++
+	} else {
+		h.cells = slices.Insert(h.cells, i, k|1)
 	}
-	h.counts[latIndex(sec)]++
 	h.n++
 }
 
 func (h *latHist) merge(o *latHist) {
-	for k, v := range o.counts {
-		if h.counts == nil {
-			h.counts = map[int16]int64{}
-		}
-		h.counts[k] += v
+	if len(o.cells) == 0 {
+		return
 	}
+	out := make([]uint64, 0, len(h.cells)+len(o.cells))
+	a, b := h.cells, o.cells
+	for len(a) > 0 && len(b) > 0 {
+		switch ka, kb := a[0]>>latShift, b[0]>>latShift; {
+		case ka < kb:
+			out, a = append(out, a[0]), a[1:]
+		case kb < ka:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			out, a, b = append(out, a[0]+b[0]&(1<<latShift-1)), a[1:], b[1:]
+		}
+	}
+	h.cells = append(append(out, a...), b...)
 	h.n += o.n
 }
 
@@ -408,17 +434,12 @@ func (h *latHist) quantile(q float64) *float64 {
 	if h.n == 0 {
 		return nil
 	}
-	keys := make([]int16, 0, len(h.counts))
-	for k := range h.counts {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	rank := int64(math.Ceil(q * float64(h.n)))
 	var cum int64
-	for _, k := range keys {
-		cum += h.counts[k]
+	for _, c := range h.cells {
+		cum += int64(c & (1<<latShift - 1))
 		if cum >= rank {
-			v := latBase * math.Pow(latRatio, float64(k))
+			v := latBase * math.Pow(latRatio, float64(c>>latShift))
 			return &v
 		}
 	}

@@ -3,10 +3,14 @@ package slo
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -289,6 +293,79 @@ func TestLatencyHistogram(t *testing.T) {
 	if got := *h.quantile(0.5); got != latBase {
 		t.Errorf("zero: %v", got)
 	}
+}
+
+// The packed histogram counts as a map of bucket → count would: random
+// durations over eight decades, added to two histograms and merged, give
+// every bucket's count and every quantile of the reference.
+func TestLatencyHistogramMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ref := map[int16]int64{}
+	var a, b latHist
+	for i := range 20000 {
+		sec := math.Pow(10, -7+8*rng.Float64())
+		ref[latIndex(sec)]++
+		if i%3 == 0 {
+			a.add(sec)
+		} else {
+			b.add(sec)
+		}
+	}
+	a.merge(&b)
+	if a.n != 20000 || len(a.cells) != len(ref) {
+		t.Fatalf("n %d, %d cells, %d buckets", a.n, len(a.cells), len(ref))
+	}
+	for k, c := range a.cells {
+		i, n := int16(c>>latShift), int64(c&(1<<latShift-1))
+		if ref[i] != n || (k > 0 && a.cells[k-1]>>latShift >= c>>latShift) {
+			t.Fatalf("cell %d: bucket %d count %d, reference %d", k, i, n, ref[i])
+		}
+	}
+	keys := slices.Sorted(maps.Keys(ref))
+	for _, q := range []float64{0.01, 0.5, 0.9, 0.99, 1} {
+		rank, cum := int64(math.Ceil(q*20000)), int64(0)
+		for _, k := range keys {
+			if cum += ref[k]; cum >= rank {
+				if want := latBase * math.Pow(latRatio, float64(k)); *a.quantile(q) != want {
+					t.Errorf("q%v: %v, reference %v", q, *a.quantile(q), want)
+				}
+				break
+			}
+		}
+	}
+}
+
+// A card's window full of histograms holds little: an hour of 1-minute
+// slots, each with 64 buckets of first-token waits and of gaps, retains
+// under 128 KiB of heap (8 bytes a bucket, doubled at most by the slices'
+// growth: 120 KiB); it held 76 KB here. The map per histogram it replaced
+// held 296 KB, and fails this test. Ten windows, so that the heap's own
+// noise is small beside what they hold.
+func TestCardWindowHistogramsAreSmall(t *testing.T) {
+	const windows = 10
+	t0 := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	ws := make([]*cardWindow, windows)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range ws {
+		ws[i] = newCardWindow(time.Hour, 60, 4)
+		for s := range 60 {
+			for k := range 64 {
+				d := time.Duration(float64(time.Millisecond) * math.Pow(latRatio, float64(k)))
+				r := &record.Record{Stream: true, Arrive: t0, FirstToken: t0.Add(d), TokenAt: []time.Duration{d, 2 * d}}
+				ws[i].add(t0.Add(time.Duration(s)*time.Minute), r, &record.Verdict{}, -1)
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / windows
+	t.Logf("a window of 60 slots × 2 histograms × 64 buckets: %d bytes", held)
+	if held > 128<<10 {
+		t.Errorf("a window holds %d bytes", held)
+	}
+	runtime.KeepAlive(ws)
 }
 
 // The card counts the SLO's missed requests by cause: once under each
