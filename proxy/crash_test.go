@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
+	"github.com/tokentap/tokentap/structure"
 )
 
 // setPath sets the member at a dotted path ("options.num_predict") of m
@@ -266,6 +267,60 @@ func TestEndStagePanicIsCounted(t *testing.T) {
 			defer logs.mu.Unlock()
 			if len(logs.msgs) != 1 || logs.msgs[0] != msg {
 				t.Errorf("error logs %q, want %q", logs.msgs, msg)
+			}
+		})
+	}
+}
+
+// panicStructure is a Structure whose check panics.
+type panicStructure struct{ *structure.Checker }
+
+func (panicStructure) Record(*record.Record, *stream.Declared, *stream.Collector, bool, bool, bool) {
+	panic("check bug")
+}
+
+// A structure check that panics (a Structure other than
+// structure.Checker, which recovers its own) still leaves a record: the
+// end stages run after it, in the handler or on their own goroutine; the
+// panic is logged at error and counted under where="end", and the
+// answer is whole.
+func TestStructureCheckPanicKeepsTheRecord(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("own goroutine %v", own), func(t *testing.T) {
+			var (
+				logs errorLogs
+				ends *Ends
+			)
+			if own {
+				ends = &Ends{}
+			}
+			call := `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}` + "\n\n"
+			fs, sink, m := judged(t, sse(call, "data: [DONE]\n\n"),
+				Options{Ends: ends, Logger: slog.New(&logs), Structure: panicStructure{&structure.Checker{}}})
+			body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`
+			resp, got := do(t, fs, "/v1/chat/completions", body)
+			if resp.StatusCode != http.StatusOK || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+				t.Fatalf("answer %d %q", resp.StatusCode, got)
+			}
+			fs.Close()
+			if ends != nil {
+				if err := ends.Wait(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if rec := only(t, sink); rec.Outcome != record.Success || rec.FinishReason != "tool_calls" {
+				t.Errorf("record %s %s %q, want success tool_calls", rec.Outcome, rec.ErrorType, rec.FinishReason)
+			}
+			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
+				t.Errorf("internal errors (end) %v, want 1", n)
+			}
+			if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Success)); n != 1 {
+				t.Errorf("successful requests %v, want 1", n)
+			}
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			if len(logs.msgs) != 1 || logs.msgs[0] != "structure check panicked where=end" {
+				t.Errorf("error logs %q", logs.msgs)
 			}
 		})
 	}

@@ -730,9 +730,7 @@ func (p *Proxy) release(st *reqState, budget bool) {
 func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []byte, check func()) {
 	e := p.opts.Ends
 	if e == nil {
-		if check != nil {
-			check()
-		}
+		p.runCheck(rec, check)
 		q.End(rec, captured)
 		return
 	}
@@ -746,11 +744,28 @@ func (p *Proxy) endStages(q *pipeline.Request, rec *record.Record, captured []by
 				p.opts.Pipeline.InternalError(InternalEnd)
 			}
 		}()
-		if check != nil {
-			check()
-		}
+		p.runCheck(rec, check)
 		q.End(rec, captured)
 	}()
+}
+
+// runCheck runs a structure check (nil: none). A panic in it is logged
+// at error and counted under where="end", and the end stages still run
+// after it, on the record as the check left it: a Structure that panics
+// never costs the record (structure.Checker recovers its own panics and
+// writes unchecked, check_panicked; this guards any other).
+func (p *Proxy) runCheck(rec *record.Record, check func()) {
+	if check == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			v, stack := panicOf(v)
+			p.log.Error("structure check panicked", "id", rec.ID, "where", InternalEnd, "panic", v, "stack", string(stack))
+			p.opts.Pipeline.InternalError(InternalEnd)
+		}
+	}()
+	check()
 }
 
 func (p *Proxy) nextID() string {
