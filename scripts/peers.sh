@@ -15,6 +15,12 @@
 #                                     the capacity steps alone
 #   scripts/peers.sh --profile DIR    also CPU and allocation profiles of the
 #                                     sidecar over each window of the first run
+#   scripts/peers.sh --perf DIR       instead of the table: bare Go and the sidecar
+#                                     at 200 streams, one after the other, each
+#                                     sampled by `perf record -g` for 18 s, kernel
+#                                     included, and their CPU split by part per
+#                                     event (`peerbench split`; ~1 min; needs perf:
+#                                     apt-get install linux-perf; as root)
 #   scripts/peers.sh -- FLAGS...      more `peerbench run` flags (see
 #                                     `go run ./tools/peerbench run -h`), or
 #                                     `peerbench capacity` flags with --capacity
@@ -51,12 +57,14 @@ export PATH="$PATH:$gobin"
 smoke=false
 capacity=false
 profile=""
+perfdir=""
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=true ;;
     --capacity) capacity=true ;;
     --profile) profile="$2"; shift ;;
+    --perf) perfdir="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/peers.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -79,6 +87,37 @@ if [ "$capacity" = true ]; then
   else
     "$work/peerbench" capacity -dir "$work/capacity" -sidecar "$work/sidecar" "${extra[@]}"
   fi
+  exit 0
+fi
+
+if [ -n "$perfdir" ]; then
+  command -v perf >/dev/null || { echo "scripts/peers.sh: --perf needs perf (apt-get install linux-perf)" >&2; exit 2; }
+  mkdir -p "$perfdir"
+  specs=()
+  for p in bare tokentap; do
+    "$work/peerbench" run -dir "$work/perf-$p" -sidecar "$work/sidecar" -only "$p" -runs 1 -streams 200 \
+      -duration 24s -warmup 3s -memory 0 -nootlp=false "${extra[@]}" >"$perfdir/$p.log" 2>&1 &
+    run=$!
+    # The proxy's own process: bare Go is a peerbench mode, the sidecar its binary.
+    pat="peerbench bare -listen"
+    [ "$p" = tokentap ] && pat="^$work/sidecar "
+    pid=""
+    for _ in $(seq 300); do
+      pid="$(pgrep -f "$pat" | head -1 || true)"
+      [ -n "$pid" ] && break
+      sleep 0.1
+    done
+    [ -n "$pid" ] || { echo "scripts/peers.sh: no $p process" >&2; exit 1; }
+    sleep 5 # past the 3 s warm-up: the 18 s sampled lie inside the 24 s window
+    perf record -q -F 1999 -g -o "$perfdir/$p.data" -p "$pid" -- sleep 18
+    wait "$run"
+    evs="$(awk -F'|' -v p=" $p " '$2 == p { gsub(/ /, "", $3); print $3; exit }' "$perfdir/$p.log")"
+    [ -n "$evs" ] || { echo "scripts/peers.sh: no events/s for $p in $perfdir/$p.log" >&2; exit 1; }
+    perf script -i "$perfdir/$p.data" -F ip,sym,dso >"$perfdir/$p.txt" 2>/dev/null
+    specs+=("$p=$perfdir/$p.txt:$((evs * 18))")
+    echo "peers: $p carried $evs events/s; perf's samples in $perfdir/$p.data"
+  done
+  "$work/peerbench" split -hz 1999 "${specs[@]}"
   exit 0
 fi
 

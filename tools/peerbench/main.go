@@ -11,6 +11,7 @@
 //	peerbench bare -listen ADDR -to URL
 //	peerbench client -url URL [-streams 50] [-duration 10s]
 //	peerbench sidecar -pprof ADDR -- SIDECAR-FLAGS...
+//	peerbench split [-hz 1999] NAME=PERF-SCRIPT-FILE:EVENTS...
 //
 // The upstream stamps every SSE event with its wall-clock send time; the
 // client, on the same machine, subtracts it from the arrival time. The
@@ -35,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: peerbench run|capacity|upstream|bare|client|otlp|sidecar [flags]")
+		fmt.Fprintln(os.Stderr, "usage: peerbench run|capacity|upstream|bare|client|otlp|sidecar|split [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -55,8 +56,10 @@ func main() {
 		err = otlpCmd(args)
 	case "sidecar":
 		err = sidecarCmd(args)
+	case "split":
+		err = splitCmd(args)
 	default:
-		err = fmt.Errorf("unknown mode %q (run, capacity, upstream, bare, client, otlp, sidecar)", os.Args[1])
+		err = fmt.Errorf("unknown mode %q (run, capacity, upstream, bare, client, otlp, sidecar, split)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peerbench:", err)
