@@ -78,11 +78,14 @@ var parts = []string{partKernel, partGo, partGC, partTap, partEnd, partRecords, 
 const ours = "github.com/tokentap/tokentap/"
 
 // classify puts one sample, its stack from the leaf up (symbol, object),
-// in a part: the kernel's when the leaf is in the kernel; else by the
-// first frame of the sidecar's own code from the leaf, passing over the
-// frames that only call into Go's proxy (ServeHTTP) or the record's
-// helpers (their caller says whose work it is); Go's own when there is
-// none.
+// in a part: the kernel's when the leaf is in the kernel; GC's under a GC
+// worker; Go's own when the first frame of the sidecar's code from the
+// leaf only wraps net/http's I/O (the tap's Read around the upstream
+// read, the connection limit's wrapper); then by whose work it is, the
+// tap's (any frame of it: the histogram and live-page observations it
+// makes per event count as its own), the records writer's, the end of
+// the request's, the rest of the sidecar's (the request's start); Go's
+// own when none of the sidecar's code is on the stack.
 func classify(stack [][2]string) string {
 	if len(stack) == 0 {
 		return partGo
@@ -90,43 +93,52 @@ func classify(stack [][2]string) string {
 	if strings.HasPrefix(stack[0][1], "[kernel") {
 		return partKernel
 	}
+	first := ""
 	for i, fr := range stack {
 		sym := fr[0]
 		if strings.Contains(sym, "gcBgMarkWorker") || strings.Contains(sym, "bgsweep") || strings.Contains(sym, "bgscavenge") {
 			return partGC
 		}
 		f, ok := strings.CutPrefix(sym, ours)
-		if !ok {
+		if !ok || first != "" {
 			continue
 		}
 		leaf := i == 0
 		switch {
-		case strings.HasPrefix(f, "stream."):
-			return partTap
 		case !leaf && (f == "proxy.(*Proxy).ServeHTTP" || strings.HasPrefix(f, "proxy.onOwnStack")):
 			continue // the handler's frame: what it calls decides
-		case strings.HasPrefix(f, "proxy.(*tap)."):
-			if !leaf && (f == "proxy.(*tap).Read" || f == "proxy.(*tap).readStrip") {
-				return partGo // the upstream read it wraps: net/http's
-			}
-			return partTap
-		case strings.HasPrefix(f, "record.(*File)"), strings.HasPrefix(f, "record.openFile"):
-			return partRecords
-		case strings.HasPrefix(f, "record."):
+		case strings.HasPrefix(f, "record.(*Record)"), strings.HasPrefix(f, "record.(*SystemClock)"):
 			continue // a record's helper: its caller's work
-		case strings.HasPrefix(f, "app.(*limitConn)"):
-			return partGo // the connection limit's wrapper of net/http's writes
-		case strings.HasPrefix(f, "proxy.(*Proxy).endStages"), strings.HasPrefix(f, "proxy.(*Proxy).runCheck"),
-			strings.HasPrefix(f, "pipeline."), strings.HasPrefix(f, "exporter."), strings.HasPrefix(f, "slo."),
-			strings.HasPrefix(f, "cause."), strings.HasPrefix(f, "tracing."), strings.HasPrefix(f, "capture."),
-			strings.HasPrefix(f, "prefix."), strings.HasPrefix(f, "live."), strings.HasPrefix(f, "structure."),
-			strings.HasPrefix(f, "probe."), strings.HasPrefix(f, "app."):
-			return partEnd
-		default:
-			return partStart
+		case !leaf && (f == "proxy.(*tap).Read" || f == "proxy.(*tap).readStrip"),
+			strings.HasPrefix(f, "app.(*limitConn)"):
+			return partGo // net/http's I/O, wrapped
 		}
+		first = f
 	}
-	return partGo
+	if first == "" {
+		return partGo
+	}
+	has := func(prefixes ...string) bool {
+		for _, fr := range stack {
+			for _, p := range prefixes {
+				if strings.HasPrefix(fr[0], ours+p) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	switch {
+	case has("proxy.(*tap)."):
+		return partTap
+	case has("record.(*File)", "record.openFile"):
+		return partRecords
+	case has("proxy.(*Proxy).endStages", "proxy.(*Proxy).runCheck", "proxy.(*Proxy).end", "proxy.(*Proxy).finish",
+		"proxy.(*Proxy).release", "pipeline.", "exporter.", "slo.", "cause.", "tracing.", "capture.", "prefix.",
+		"live.", "structure.", "probe.", "app."):
+		return partEnd
+	}
+	return partStart
 }
 
 // splitSamples counts the samples of `perf script -F ip,sym,dso` output

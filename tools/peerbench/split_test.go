@@ -7,9 +7,10 @@ import (
 
 // Each kind of sample of `perf script -F ip,sym,dso` goes to its part:
 // the kernel's by its leaf; the tap's parse and its record helpers to
-// the tap; net/http's writes under the sidecar's handler, and the
+// the tap, and so do the observations it makes per event through the
+// pipeline; net/http's writes under the sidecar's handler, and the
 // upstream read under the tap's Read, to Go's own; the end stages'
-// goroutine to the end; GC to GC.
+// goroutine and the record settled in the handler to the end; GC to GC.
 func TestSplitClassifies(t *testing.T) {
 	cases := []struct{ sample, want string }{
 		{`ffffffff81a0 tcp_sendmsg ([kernel.kallsyms])
@@ -42,6 +43,16 @@ func TestSplitClassifies(t *testing.T) {
 	1c0003 runtime.gcBgMarkWorker (sidecar)`, partGC},
 		{`6c0001 github.com/tokentap/tokentap/proxy.peek (sidecar)
 	60c52b github.com/tokentap/tokentap/proxy.(*Proxy).ServeHTTP (sidecar)`, partStart},
+		{`1b4230 runtime.memmove (sidecar)
+	5b0001 github.com/tokentap/tokentap/exporter.(*Request).ForwardDelay (sidecar)
+	5b0002 github.com/tokentap/tokentap/pipeline.(*Request).ForwardDelay (sidecar)
+	6a0009 github.com/tokentap/tokentap/proxy.(*tap).afterForward (sidecar)
+	6a0001 github.com/tokentap/tokentap/proxy.(*tap).readStrip (sidecar)
+	6a0002 github.com/tokentap/tokentap/proxy.(*tap).Read (sidecar)`, partTap},
+		{`1b4230 encoding/json.Marshal (sidecar)
+	5b0201 github.com/tokentap/tokentap/proxy.(*Proxy).finish (sidecar)
+	5b0202 github.com/tokentap/tokentap/proxy.(*Proxy).end (sidecar)
+	60c52b github.com/tokentap/tokentap/proxy.(*Proxy).ServeHTTP (sidecar)`, partEnd},
 		{`93a21 runtime.findRunnable (sidecar)
 	93a22 runtime.schedule (sidecar)`, partGo},
 	}
