@@ -23,39 +23,62 @@ type loopReader struct{ ev []byte }
 func (l *loopReader) Read(p []byte) (int, error) { return copy(p, l.ev), nil }
 func (l *loopReader) Close() error               { return nil }
 
+// tokenEvent is one OpenAI chat chunk carrying one token, as the tap's
+// benchmarks serve it forever.
+const tokenEvent = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+
+// tapModes are the tap's two modes, by benchmark name.
+var tapModes = []struct {
+	name  string
+	strip bool
+}{{"passthrough", false}, {"strip", true}}
+
+// benchTap is a tap over tokenEvent served forever, with the real
+// exporter behind it, its buffers and histogram buckets warmed up.
+type benchTap struct {
+	st *reqState
+	tp *tap
+	p  []byte
+}
+
+func newBenchTap(strip bool) *benchTap {
+	st := realState(1024)
+	st.rec.Arrive = time.Now()
+	bt := &benchTap{st: st, tp: newTap(&loopReader{ev: []byte(tokenEvent)}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20), p: make([]byte, 32<<10)}
+	for i := 0; i < 2048; i++ { // warm up buffers and histogram buckets
+		bt.tp.Read(bt.p)
+	}
+	return bt
+}
+
+// read reads the i-th event; every 1,024 events the record is reset, as
+// a new request pre-sized from max_tokens would be.
+func (bt *benchTap) read(i int) error {
+	if i%1024 == 0 {
+		bt.st.rec.Reset()
+		bt.st.rec.Arrive = time.Now()
+	}
+	_, err := bt.tp.Read(bt.p)
+	return err
+}
+
 // BenchmarkTapEvent measures the tap's hot path per event in steady state:
 // one upstream read carrying one token event, timed, framed, parsed,
 // recorded and observed (ITL histogram and forwarding delay, through the
-// real exporter). It must report 0 allocs/op. Every 1,024 events the
-// record is reset, as a new request pre-sized from max_tokens would be.
+// real exporter). It must report 0 allocs/op.
 func BenchmarkTapEvent(b *testing.B) {
-	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
-	for _, strip := range []bool{false, true} {
-		name := "passthrough"
-		if strip {
-			name = "strip"
-		}
-		b.Run(name, func(b *testing.B) {
-			st := realState(1024)
-			st.rec.Arrive = time.Now()
-			tp := newTap(&loopReader{ev: ev}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20)
-			p := make([]byte, 32<<10)
-			for i := 0; i < 2048; i++ { // warm up buffers and histogram buckets
-				tp.Read(p)
-			}
+	for _, mode := range tapModes {
+		b.Run(mode.name, func(b *testing.B) {
+			bt := newBenchTap(mode.strip)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if i%1024 == 0 {
-					st.rec.Reset()
-					st.rec.Arrive = time.Now()
-				}
-				if _, err := tp.Read(p); err != nil {
+				if err := bt.read(i); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.StopTimer()
-			if st.rec.TokenEvents() == 0 {
+			if bt.st.rec.TokenEvents() == 0 {
 				b.Fatal("no token events recorded")
 			}
 		})
@@ -68,33 +91,19 @@ func BenchmarkTapEvent(b *testing.B) {
 // one label set): the cost of the instruments' cache lines moving between
 // cores, which the single-stream benchmark cannot see.
 func BenchmarkTapEventParallel(b *testing.B) {
-	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
-	for _, strip := range []bool{false, true} {
-		name := "passthrough"
-		if strip {
-			name = "strip"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, mode := range tapModes {
+		b.Run(mode.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetParallelism(8)
 			b.RunParallel(func(pb *testing.PB) {
-				st := realState(1024)
-				tp := newTap(&loopReader{ev: ev}, st, bodySSE, stream.FormatOpenAI, strip, 1<<20)
-				p := make([]byte, 32<<10)
-				for i := 0; i < 2048; i++ { // warm up buffers and histogram buckets
-					tp.Read(p)
-				}
+				bt := newBenchTap(mode.strip)
 				for i := 0; pb.Next(); i++ {
-					if i%1024 == 0 {
-						st.rec.Reset()
-						st.rec.Arrive = time.Now()
-					}
-					if _, err := tp.Read(p); err != nil {
+					if err := bt.read(i); err != nil {
 						b.Error(err)
 						return
 					}
 				}
-				if st.rec.TokenEvents() == 0 {
+				if bt.st.rec.TokenEvents() == 0 {
 					b.Error("no token events recorded")
 				}
 			})

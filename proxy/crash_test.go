@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/tokentap/tokentap/exporter"
 	"github.com/tokentap/tokentap/record"
 	"github.com/tokentap/tokentap/stream"
 	"github.com/tokentap/tokentap/structure"
@@ -241,33 +243,7 @@ func TestEndStagePanicIsCounted(t *testing.T) {
 			}
 			fs, sink, m := judgedWith(t, sse(`data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n"),
 				Options{Ends: ends, Logger: slog.New(&logs)}, &Hook{Check: func(*record.Record) { panic("check bug") }})
-			resp, body := do(t, fs, "/v1/chat/completions", streamBody)
-			if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
-				t.Fatalf("answer %d %q", resp.StatusCode, body)
-			}
-			fs.Close() // the handler has returned: its end stages were started
-			if ends != nil {
-				if err := ends.Wait(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
-				t.Errorf("internal errors (end) %v, want 1", n)
-			}
-			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 0 {
-				t.Errorf("internal errors (request) %v, want 0", n)
-			}
-			if rec := only(t, sink); rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK {
-				t.Errorf("record %s %s %d, want success 200", rec.Outcome, rec.ErrorType, rec.HTTPStatus)
-			}
-			if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Success)); n != 1 {
-				t.Errorf("successful requests %v, want 1: the metrics stage ran after the panicking one", n)
-			}
-			logs.mu.Lock()
-			defer logs.mu.Unlock()
-			if len(logs.msgs) != 1 || logs.msgs[0] != msg {
-				t.Errorf("error logs %q, want %q", logs.msgs, msg)
-			}
+			endPanicked(t, fs, sink, m, ends, &logs, streamBody, "stop", msg)
 		})
 	}
 }
@@ -298,30 +274,43 @@ func TestStructureCheckPanicKeepsTheRecord(t *testing.T) {
 			fs, sink, m := judged(t, sse(call, "data: [DONE]\n\n"),
 				Options{Ends: ends, Logger: slog.New(&logs), Structure: panicStructure{&structure.Checker{}}})
 			body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`
-			resp, got := do(t, fs, "/v1/chat/completions", body)
-			if resp.StatusCode != http.StatusOK || !strings.HasSuffix(got, "data: [DONE]\n\n") {
-				t.Fatalf("answer %d %q", resp.StatusCode, got)
-			}
-			fs.Close()
-			if ends != nil {
-				if err := ends.Wait(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if rec := only(t, sink); rec.Outcome != record.Success || rec.FinishReason != "tool_calls" {
-				t.Errorf("record %s %s %q, want success tool_calls", rec.Outcome, rec.ErrorType, rec.FinishReason)
-			}
-			if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
-				t.Errorf("internal errors (end) %v, want 1", n)
-			}
-			if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Success)); n != 1 {
-				t.Errorf("successful requests %v, want 1", n)
-			}
-			logs.mu.Lock()
-			defer logs.mu.Unlock()
-			if len(logs.msgs) != 1 || logs.msgs[0] != "structure check panicked where=end" {
-				t.Errorf("error logs %q", logs.msgs)
-			}
+			endPanicked(t, fs, sink, m, ends, &logs, body, "tool_calls", "structure check panicked where=end")
 		})
+	}
+}
+
+// endPanicked sends body to fs, whose end of request panics once, and
+// checks what must survive it: the answer whole (200, ending [DONE]), the
+// record written as settled (success, finish), the later stages run
+// (tokentap_requests_total counts it), the panic counted once under
+// where="end" and none under where="request", and logged once as msg.
+func endPanicked(t *testing.T, fs *httptest.Server, sink *collect, m *exporter.Metrics, ends *Ends, logs *errorLogs, body, finish, msg string) {
+	t.Helper()
+	resp, got := do(t, fs, "/v1/chat/completions", body)
+	if resp.StatusCode != http.StatusOK || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		t.Fatalf("answer %d %q", resp.StatusCode, got)
+	}
+	fs.Close() // the handler has returned: its end stages were started
+	if ends != nil {
+		if err := ends.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalEnd); n != 1 {
+		t.Errorf("internal errors (end) %v, want 1", n)
+	}
+	if n := counterValue(t, m, "tokentap_internal_errors_total", "where", InternalRequest); n != 0 {
+		t.Errorf("internal errors (request) %v, want 0", n)
+	}
+	if rec := only(t, sink); rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK || rec.FinishReason != finish {
+		t.Errorf("record %s %s %d %q, want success 200 %q", rec.Outcome, rec.ErrorType, rec.HTTPStatus, rec.FinishReason, finish)
+	}
+	if n := counterValue(t, m, "tokentap_requests_total", "outcome", string(record.Success)); n != 1 {
+		t.Errorf("successful requests %v, want 1: the metrics stage ran after the panicking one", n)
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if len(logs.msgs) != 1 || logs.msgs[0] != msg {
+		t.Errorf("error logs %q, want %q", logs.msgs, msg)
 	}
 }
