@@ -344,6 +344,12 @@ func TestStructureChecksWholeBodies(t *testing.T) {
 	for _, c := range []struct{ api, path, body string }{
 		{"chat", "/v1/chat/completions", `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,` +
 			`"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":%s}}]},"finish_reason":"tool_calls"}],` + usage + `}`},
+		// Parallel calls: a whole message's carry no index, and each is a
+		// call of its own (they were pooled into one, whose arguments
+		// were two objects end to end: never valid JSON).
+		{"chat", "/v1/chat/completions", `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,` +
+			`"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":%s}},` +
+			`{"id":"call_2","type":"function","function":{"name":"get_weather","arguments":%s}}]},"finish_reason":"tool_calls"}],` + usage + `}`},
 		{"responses", "/v1/responses", `{"id":"resp_1","object":"response","status":"completed","model":"m","output":[{"type":"function_call","id":"fc_1","call_id":"call_1",` +
 			`"name":"get_weather","arguments":%s,"status":"completed"}],"usage":{"input_tokens":5,"output_tokens":9,"total_tokens":14}}`},
 		{"messages", "/v1/messages", `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":%o}],` +

@@ -108,8 +108,7 @@ func parseMessages(data []byte, c *Chunk, t *Collector) {
 			return true
 		})
 		if t != nil && string(btyp) == `"tool_use"` {
-			i, _ := intVal(index)
-			t.callName(i, name) // its input is {}: the input_json_delta deltas follow
+			t.callName(callKey(index, 0), name) // its input is {}: the input_json_delta deltas follow
 		}
 	case "content_block_delta":
 		var dtyp, text, partial []byte
@@ -132,8 +131,7 @@ func parseMessages(data []byte, c *Chunk, t *Collector) {
 			t.add(text)
 		}
 		if t != nil && string(dtyp) == `"input_json_delta"` {
-			i, _ := intVal(index)
-			t.callArgs(i, partial, true)
+			t.callArgs(callKey(index, 0), partial, true)
 		}
 	case "message_delta":
 		eachMember(delta, func(k, v []byte) bool {

@@ -323,7 +323,7 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 						c.Output = true
 						e := skipValue(b, v)
 						if t != nil && e >= 0 {
-							openAIToolCall(b[v:e], t)
+							openAIToolCall(b[v:e], t, 0)
 						}
 						return e
 					}
@@ -377,23 +377,26 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 // openAIToolCalls assembles the elements of a tool_calls array (a
 // delta's or a whole message's) into t: each
 // {index, id, function: {name, arguments}}, the arguments a string that
-// the deltas of the call with that index continue.
+// the deltas of the call with that index continue. An element with no
+// index (a whole message's: only a stream's deltas carry one) is a call
+// of its own.
 func openAIToolCalls(v []byte, t *Collector) {
 	eachElement(v, func(call []byte) bool {
-		openAIToolCall(call, t)
+		openAIToolCall(call, t, newCall)
 		return true
 	})
 }
 
-// openAIToolCall assembles one tool call (or a legacy function_call,
-// which has no index: the first call) into t.
-func openAIToolCall(call []byte, t *Collector) {
-	var index int64
+// openAIToolCall assembles one tool call into t, under the key callKey
+// gives its index (absent: the key absent; a legacy function_call has
+// no index and is the first call, 0).
+func openAIToolCall(call []byte, t *Collector, absent int64) {
+	var index []byte
 	var name, args []byte
 	eachMember(call, func(k, v []byte) bool {
 		switch string(k) {
 		case "index":
-			index, _ = intVal(v)
+			index = v
 		case "function":
 			eachMember(v, func(k, v []byte) bool {
 				switch string(k) {
@@ -411,8 +414,8 @@ func openAIToolCall(call []byte, t *Collector) {
 		}
 		return true
 	})
-	t.callName(index, name)
-	t.callArgs(index, args, true)
+	key := t.callName(callKey(index, absent), name)
+	t.callArgs(key, args, true)
 }
 
 // usageOpenAI: CompletionUsage (completion_tokens includes the

@@ -92,12 +92,12 @@ func parseResponses(data []byte, c *Chunk, t *Collector) {
 	case "response.function_call_arguments.delta":
 		c.Output = nonEmptyStr(delta)
 		if t != nil {
-			i, _ := intVal(outIndex)
+			i := callKey(outIndex, 0)
 			t.callArgs(i, delta, true)
 		}
 	case "response.output_item.added":
 		if t != nil {
-			i, _ := intVal(outIndex)
+			i := callKey(outIndex, 0)
 			responsesCall(item, i, t)
 		}
 	case "response.refusal.delta",

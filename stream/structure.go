@@ -89,6 +89,25 @@ func (t *Collector) SetMulti() { t.multi = true }
 // send each call whole (Gemini, Ollama, a whole body's) have no index.
 const newCall = -1
 
+// callKey is the key of a tool call whose "index" member is v (raw
+// JSON, nil when absent): absent, the key given (newCall for an element
+// of a whole message's tool_calls, which carry no index: each is a call
+// of its own); a non-negative integer, itself; anything else (10^18, a
+// fraction, a string, a negative number) IndexOutOfRange, one key for
+// every index the parser does not read, never pooled with a call it
+// read (as an unread choice index is, Chunk.Index). Read as 0, such an
+// index appended its arguments to call 0's: two valid calls made one
+// invalid.
+func callKey(v []byte, absent int64) int64 {
+	if len(v) == 0 {
+		return absent
+	}
+	if n, ok := intVal(v); ok && n >= 0 {
+		return n
+	}
+	return IndexOutOfRange
+}
+
 // call returns the call with key, a new one when there is none (nil when
 // over MaxCalls). The key newCall always begins a new call, which gets a
 // key of its own below it (-2, -3...).

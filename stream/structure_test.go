@@ -233,3 +233,66 @@ func FuzzToolsOnePass(f *testing.F) {
 		}
 	})
 }
+
+// TestToolCallKeys: each tool call is assembled under its own key. A
+// whole message's tool_calls carry no index, and each element is a call
+// of its own (they were pooled as call 0: two valid calls made one
+// invalid, `{"a":1}{"b":2}`); an index the parser does not read is one
+// call, never pooled with a call it read.
+func TestToolCallKeys(t *testing.T) {
+	type call struct{ name, args string }
+	for _, tc := range []struct {
+		name     string
+		format   Format
+		payloads []string
+		want     []call
+	}{
+		{"whole message, parallel calls", FormatOpenAI, []string{
+			`{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","tool_calls":[` +
+				`{"id":"a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},` +
+				`{"id":"b","type":"function","function":{"name":"g","arguments":"{\"b\":2}"}}]},"finish_reason":"tool_calls"}]}`,
+		}, []call{{"f", `{"a":1}`}, {"g", `{"b":2}`}}},
+		{"stream deltas continue by index", FormatOpenAI, []string{
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\""}},{"index":1,"function":{"name":"g","arguments":""}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}`,
+		}, []call{{"f", `{"a":1}`}, {"g", `{}`}}},
+		{"unread indices are one call apart from 0", FormatOpenAI, []string{
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}"}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1000000000000000000,"function":{"name":"x","arguments":"["}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":-2,"function":{"arguments":"1"}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":"0","function":{"arguments":"]"}}]}}]}`,
+		}, []call{{"f", `{}`}, {"x", `[1]`}}},
+		{"legacy function_call is call 0", FormatOpenAI, []string{
+			`{"choices":[{"index":0,"delta":{"function_call":{"name":"f","arguments":"{\"a\""}}}]}`,
+			`{"choices":[{"index":0,"delta":{"function_call":{"arguments":":1}"}}}]}`,
+		}, []call{{"f", `{"a":1}`}}},
+		{"Anthropic block index", FormatMessages, []string{
+			`{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}`,
+			`{"type":"content_block_start","index":1.5,"content_block":{"type":"tool_use","id":"u","name":"g","input":{}}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{}"}}`,
+			`{"type":"content_block_delta","index":1.5,"delta":{"type":"input_json_delta","partial_json":"[]"}}`,
+		}, []call{{"f", `{}`}, {"g", `[]`}}},
+		{"Responses output_index", FormatResponses, []string{
+			`{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","name":"f","arguments":""}}`,
+			`{"type":"response.output_item.added","output_index":99999999999999999999,"item":{"type":"function_call","name":"g","arguments":""}}`,
+			`{"type":"response.function_call_arguments.delta","output_index":0,"delta":"{}"}`,
+			`{"type":"response.function_call_arguments.delta","output_index":99999999999999999999,"delta":"[]"}`,
+		}, []call{{"f", `{}`}, {"g", `[]`}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			col := NewCollector(1<<10, false)
+			defer col.Release()
+			var c Chunk
+			for _, p := range tc.payloads {
+				ParseCollect(tc.format, []byte(p), &c, col)
+			}
+			var got []call
+			for _, k := range col.Calls() {
+				got = append(got, call{string(k.Name), string(k.Args)})
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("calls %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
