@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"time"
 
 	"github.com/tokentap/tokentap/record"
@@ -21,8 +22,9 @@ type choiceTrack struct {
 	slot  uint8 // the current payload's choice in rec.Choices, once split
 
 	// untracked: the choices beyond record.MaxChoices, and whether each
-	// finished; nil until there is one.
+	// finished; nil until there is one. At most maxUntracked+1 entries.
 	untracked map[int64]bool
+	ukey      int64 // the current payload's key in untracked, when slot is record.UntrackedChoice
 	// each reads a payload that carries several choices one by one
 	// (stream.EachChoice); nil until there is one.
 	each *choiceScratch
@@ -83,25 +85,43 @@ func (t *tap) unreadChoice() bool {
 	return true
 }
 
+// maxUntracked bounds the untracked choices a response's tap tells
+// apart, a map entry each (OpenAI allows n up to 128): past it, every new
+// index is one more choice, overflowChoice, as all unread indices are
+// one, so that an upstream naming a new index in every payload fills a
+// bounded map, not one that grows with the stream.
+const maxUntracked = 1024
+
+// overflowChoice is the key of the choices past maxUntracked: no index
+// the parser reads (at most 18 digits) is this.
+const overflowChoice = math.MaxInt64
+
 // untrack makes the payload's choice, index, an untracked one: beyond
-// record.MaxChoices, or unread (all unread indices are one).
+// record.MaxChoices, or unread (all unread indices are one), or past
+// maxUntracked (all of those are one too).
 func (t *tap) untrack(index int64) {
 	ch, rec := &t.ch, t.st.rec
 	ch.slot = record.UntrackedChoice
 	if _, known := ch.untracked[index]; !known {
+		if len(ch.untracked) >= maxUntracked {
+			index = overflowChoice
+		}
 		if ch.untracked == nil {
 			ch.untracked = map[int64]bool{}
 		}
-		ch.untracked[index] = false
-		rec.ChoicesUntracked = len(ch.untracked)
+		if _, known := ch.untracked[index]; !known {
+			ch.untracked[index] = false
+			rec.ChoicesUntracked = len(ch.untracked)
+		}
 	}
+	ch.ukey = index
 }
 
 // finishChoice keeps the finish reason of the payload's choice, once the
 // record follows choices one by one.
-func (t *tap) finishChoice(index int64, reason []byte) {
+func (t *tap) finishChoice(reason []byte) {
 	if t.ch.slot == record.UntrackedChoice {
-		t.ch.untracked[index] = true
+		t.ch.untracked[t.ch.ukey] = true
 		return
 	}
 	t.st.rec.SetChoiceFinish(int(t.ch.slot), reason)

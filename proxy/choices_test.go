@@ -268,3 +268,39 @@ func TestUnreadChoiceIndexIsUntrackedAndCounted(t *testing.T) {
 		}
 	})
 }
+
+// An upstream that names a new choice index in every payload fills a
+// bounded map: past maxUntracked untracked choices, every new index is
+// one more (overflowChoice), and its finish reason still counts.
+func TestUntrackedChoicesAreBounded(t *testing.T) {
+	const n, per = 3000, 500 // choices, choices per payload
+	payload := func(from int, delta, finish string) string {
+		var b strings.Builder
+		b.WriteString(`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[`)
+		for i := from; i < from+per; i++ {
+			if i > from {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"index":%d,"delta":%s,"finish_reason":%s}`, i, delta, finish)
+		}
+		b.WriteString("]}\n\n")
+		return b.String()
+	}
+	var steps []step
+	add := func(raw string) {
+		steps = append(steps, step{at: time.Duration(10+len(steps)) * time.Millisecond, raw: raw, client: raw})
+	}
+	for from := 0; from < n; from += per {
+		add(payload(from, `{"content":"x"}`, "null"))
+	}
+	for from := 0; from < n; from += per {
+		add(payload(from, `{}`, `"stop"`))
+	}
+	r, _ := runLockstep(t, &lockstepUp{ct: "text/event-stream", steps: steps}, Options{}, "/v1/chat/completions", twoChoicesBody)
+	if len(r.Choices) != record.MaxChoices || r.ChoicesUntracked != maxUntracked+1 {
+		t.Fatalf("%d choices, %d untracked, want %d and %d", len(r.Choices), r.ChoicesUntracked, record.MaxChoices, maxUntracked+1)
+	}
+	if r.Outcome != record.Success {
+		t.Errorf("every choice finished, outcome %s/%s", r.Outcome, r.ErrorType)
+	}
+}

@@ -417,7 +417,7 @@ func (t *tap) applyChoice(c *stream.Chunk, at time.Time) {
 	switch {
 	case len(c.FinishReason) == 0:
 	case split:
-		t.finishChoice(c.Index, c.FinishReason)
+		t.finishChoice(c.FinishReason)
 	case rec.FinishReason != string(c.FinishReason):
 		rec.FinishReason = string(c.FinishReason)
 	}
