@@ -1,7 +1,7 @@
 // Command peerbench measures what a proxy adds to a token stream, and what
 // it costs, against its peers, in one run on one machine: the client
 // directly against an SSE engine stand-in, then through a bare Go
-// httputil.ReverseProxy, the sidecar (tokentap, every instrument on; and
+// httputil.ReverseProxy, an epoll event-loop relay (loop.go), the sidecar (tokentap, every instrument on; and
 // again with OTLP off, to state what OTLP adds), and nginx, haproxy and
 // caddy when they are installed. scripts/peers.sh builds it and runs it.
 //
@@ -9,6 +9,7 @@
 //	peerbench capacity -sidecar BIN [-steps 100,200,...] [-duration 6s] [-limit 5ms]
 //	peerbench upstream -listen ADDR [-events 200] [-interval 20ms]
 //	peerbench bare -listen ADDR -to URL
+//	peerbench loop -listen ADDR -to HOST:PORT
 //	peerbench client -url URL [-streams 50] [-duration 10s]
 //	peerbench sidecar -pprof ADDR -- SIDECAR-FLAGS...
 //	peerbench split [-hz 1999] NAME=PERF-SCRIPT-FILE:EVENTS...
@@ -36,7 +37,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: peerbench run|capacity|upstream|bare|client|otlp|sidecar|split [flags]")
+		fmt.Fprintln(os.Stderr, "usage: peerbench run|capacity|upstream|bare|loop|client|otlp|sidecar|split [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -50,6 +51,8 @@ func main() {
 		err = upstreamCmd(args)
 	case "bare":
 		err = bareCmd(args)
+	case "loop":
+		err = loopCmd(args)
 	case "client":
 		err = clientCmd(args)
 	case "otlp":
@@ -59,7 +62,7 @@ func main() {
 	case "split":
 		err = splitCmd(args)
 	default:
-		err = fmt.Errorf("unknown mode %q (run, capacity, upstream, bare, client, otlp, sidecar, split)", os.Args[1])
+		err = fmt.Errorf("unknown mode %q (run, capacity, upstream, bare, loop, client, otlp, sidecar, split)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peerbench:", err)

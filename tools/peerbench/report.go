@@ -181,6 +181,11 @@ func printRatios(w io.Writer, streams int, targets []*target, cells [][][]cell, 
 			b, ok := get(s, "bare")
 			return div(s[tt].cpuPerEv, b.cpuPerEv, ok)
 		}},
+		{name: "CPU per event, event loop / bare Go (the next I/O path, relay alone)", f: func(s []summary) (float64, bool) {
+			b, ok1 := get(s, "bare")
+			l, ok2 := get(s, "loop")
+			return div(l.cpuPerEv, b.cpuPerEv, ok1 && ok2)
+		}},
 		{name: "CPU per event, tokentap / nginx (moonshot ≤ 1)", f: func(s []summary) (float64, bool) {
 			n, ok := get(s, "nginx")
 			return div(s[tt].cpuPerEv, n.cpuPerEv, ok)

@@ -49,7 +49,7 @@ func parseRun(args []string) (runFlags, error) {
 	fs.DurationVar(&f.memDuration, "memory-duration", 10*time.Second, "measuring window of the memory run")
 	fs.DurationVar(&f.memInterval, "memory-interval", 100*time.Millisecond, "event interval of the memory run (2 cores cannot carry 1,000 streams at 20 ms)")
 	peersFlag := fs.String("peers", "nginx,haproxy,caddy", "peers to run when installed")
-	only := fs.String("only", "", "comma-separated targets to run (direct, bare, tokentap, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
+	only := fs.String("only", "", "comma-separated targets to run (direct, bare, loop, tokentap, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
 	fs.StringVar(&f.profile, "profile", "", "folder for CPU and allocation profiles of tokentap, taken over each window of the first run, and its heap in the memory run")
 	fs.IntVar(&f.memProfileRate, "memprofilerate", 0, "with -profile: the profiled sidecar's runtime.MemProfileRate (1: every allocation sampled, an exact heap breakdown; 0: Go's default)")
 	nootlp := fs.Bool("nootlp", true, "also run tokentap with OTLP off (tokentap-nootlp), to state what OTLP adds")
@@ -321,6 +321,13 @@ func (b *bench) setup() error {
 		return start(f.dir, "bare", b.self, []string{"bare", "-listen", "127.0.0.1:" + itoa(bare.port), "-to", "http://127.0.0.1:" + itoa(b.upPort)}, nil)
 	}
 	if err := add(bare); err != nil {
+		return err
+	}
+	lp := &target{name: "loop"}
+	lp.launch = func() (*proc, error) {
+		return start(f.dir, "loop", b.self, []string{"loop", "-listen", "127.0.0.1:" + itoa(lp.port), "-to", "127.0.0.1:" + itoa(b.upPort)}, nil)
+	}
+	if err := add(lp); err != nil {
 		return err
 	}
 	sidecar := func(name, bin string, env []string, profiled bool) error {
