@@ -25,7 +25,9 @@
 #                                     `go run ./tools/peerbench run -h`), or
 #                                     `peerbench capacity` flags with --capacity
 #
-# Paths: direct, a bare Go httputil.ReverseProxy, the sidecar with every
+# Paths: direct, a bare Go httputil.ReverseProxy, an epoll event-loop relay
+# (peerbench loop: the I/O path docs/performance.md names as the sidecar's
+# next step, measured alone), the sidecar with every
 # instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
 # usage injection, two SLOs, one with structure: required over the 1 request
 # in 4 that declares a tool, tenants from the API keys the client sends, the
