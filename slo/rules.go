@@ -164,7 +164,8 @@ func Rules(p RuleParams) ruleFile {
 		{Name: "tokentap-tenant-recording", Rules: tenantRules(rng)},  // tenant_rules.go
 		{Name: "tokentap-forecast-recording", Rules: forecastRules()}, // forecast_rules.go
 		{Name: "tokentap-slo-alerts", Rules: alerts},
-		{Name: "tokentap-engine-alerts", Rules: engineAlerts(rng)}, // engine_rules.go
+		{Name: "tokentap-engine-alerts", Rules: engineAlerts(rng)},   // engine_rules.go
+		{Name: "tokentap-sidecar-alerts", Rules: sidecarAlerts(rng)}, // sidecar_rules.go
 	}}
 }
 

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -54,7 +56,7 @@ func TestPromtoolCheckRules(t *testing.T) {
 	os.WriteFile(scaledFile, scaled, 0o644)
 	for _, f := range []string{"../deploy/prometheus/tokentap-rules.yaml", specFile, scaledFile} {
 		out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput()
-		if err != nil || !bytes.Contains(out, []byte("SUCCESS: 141 rules found")) {
+		if err != nil || !bytes.Contains(out, []byte("SUCCESS: 146 rules found")) {
 			t.Errorf("promtool check rules %s: %v\n%s", f, err, out)
 		}
 	}
@@ -74,4 +76,57 @@ func TestPromtoolTestRules(t *testing.T) {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// Every alert's runbook annotation points at a section that exists: a
+// heading of the file it names whose anchor (GitHub's: lower case, spaces
+// to hyphens, punctuation dropped) is the link's fragment.
+func TestAlertRunbooksExist(t *testing.T) {
+	anchors := map[string]map[string]bool{}
+	n := 0
+	for _, g := range Rules(RuleParams{}).Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			n++
+			file, frag, ok := strings.Cut(r.Annotations["runbook"], "#")
+			if !ok || frag == "" {
+				t.Errorf("%s: runbook %q names no section", r.Alert, r.Annotations["runbook"])
+				continue
+			}
+			if anchors[file] == nil {
+				b, err := os.ReadFile(filepath.Join("..", file))
+				if err != nil {
+					t.Fatalf("%s: %v", r.Alert, err)
+				}
+				anchors[file] = map[string]bool{}
+				for _, line := range strings.Split(string(b), "\n") {
+					if h, ok := strings.CutPrefix(line, "#"); ok {
+						anchors[file][githubAnchor(strings.TrimLeft(h, "#"))] = true
+					}
+				}
+			}
+			if !anchors[file][frag] {
+				t.Errorf("%s: %s has no section #%s", r.Alert, file, frag)
+			}
+		}
+	}
+	if n < 17 {
+		t.Fatalf("%d alerts read, want every shipped one", n)
+	}
+}
+
+// githubAnchor is the fragment GitHub gives a Markdown heading.
+func githubAnchor(h string) string {
+	var b strings.Builder
+	for _, c := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case c == ' ':
+			b.WriteByte('-')
+		case c == '-' || c == '_' || unicode.IsLetter(c) || unicode.IsDigit(c):
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
 }
