@@ -128,3 +128,43 @@ func TestInterimStatuses(t *testing.T) {
 		})
 	}
 }
+
+// A web page in answer to a generation request is no answer
+// (docs/measurement.md §3, html_body): a gateway's login page, a web
+// server's page at a wrong address. It was a success. The client gets the
+// page as sent; an empty page is empty_body; on a route the tap does not
+// parse, a page answers it.
+func TestWebPageIsNoAnswer(t *testing.T) {
+	const page = "<!doctype html><html><body><form action=/login>Sign in</form></body></html>"
+	for _, c := range []struct {
+		name, path, ct, body string
+		status               int
+		outcome              record.Outcome
+		errorType            string
+	}{
+		{"chat", "/v1/chat/completions", "text/html; charset=utf-8", page, 200, record.NoAnswer, record.ErrHTMLBody},
+		{"messages, 203", "/v1/messages", "text/html", page, 203, record.NoAnswer, record.ErrHTMLBody},
+		{"xhtml", "/v1/completions", "application/xhtml+xml", page, 200, record.NoAnswer, record.ErrHTMLBody},
+		{"empty page", "/v1/chat/completions", "text/html", "", 200, record.NoAnswer, record.ErrEmptyBody},
+		{"other route", "/v1/models", "text/html", page, 200, record.Success, ""},
+		{"an error page stays an error", "/v1/chat/completions", "text/html", page, 502, record.Error, record.ErrHTTP5xx},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", c.ct)
+				w.WriteHeader(c.status)
+				io.WriteString(w, c.body)
+			}), Options{})
+			resp, err := http.Post(fs.URL+c.path, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			r := only(t, sink)
+			if resp.StatusCode != c.status || string(got) != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
+				t.Errorf("client %d %q; record %s/%s, want %s/%s", resp.StatusCode, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
+			}
+		})
+	}
+}

@@ -276,6 +276,7 @@ type reqState struct {
 	info      requestInfo
 	injected  bool
 	tap       *tap
+	page      bool // an answer status to a generation request came with a web page (text/html)
 	handled   bool // the error handler answered
 	finished  bool
 	// answered: a status line has been written to the client (or
@@ -795,6 +796,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	// A status that carries no answer (a redirect, a 204): its body is
 	// forwarded, never parsed or timed, whatever its Content-Type says.
 	answer := noAnswer(resp.StatusCode, api.Name) == ""
+	// A web page is no API's answer: a login page of a gateway in front
+	// of the engine, a web server's page at a wrong address
+	// (docs/measurement.md §3, html_body).
+	st.page = answer && resp.StatusCode < 300 && api != stream.APIOther && (ct == "text/html" || ct == "application/xhtml+xml")
 	if answer && api != stream.APIOther && (enc == "" || enc == "identity") {
 		switch ct {
 		case "text/event-stream":
@@ -966,6 +971,8 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 	case t.eof && rec.FirstByte.IsZero() && rec.API != stream.NameOther && status < 300:
 		// An answer status with no byte of body: nothing was answered.
 		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrEmptyBody
+	case t.eof && st.page:
+		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrHTMLBody
 	case t.streamErr:
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrStreamError
 		if t.rejection {
