@@ -43,6 +43,11 @@ func (u noAnswerUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	if parts[2] == "json" { // a JSON body that names no answer
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+		return
+	}
 	if parts[2] == "html" { // a gateway's login page
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		io.WriteString(w, "<!doctype html><html><body><form action=/login>Sign in</form></body></html>")
@@ -78,8 +83,9 @@ func (u noAnswerUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // 307, 308), a 2xx that is not an answer (202, 204, 205, 206) and a 200
 // with an empty body, to a streamed and a non-streamed request of Chat
 // Completions and of Messages, even when the body is a whole answer in
-// the request's own format; and a 200 with a web page (a gateway's login
-// page, html_body). The client gets the status and Location as
+// the request's own format; a 200 with a web page (a gateway's login
+// page, html_body); and a 200 whose JSON names no answer (`{}`,
+// empty_answer). The client gets the status and Location as
 // the engine sent them; the redirect is followed by no one (the target
 // counts its requests); the records, the counters and /slo say it.
 func TestNoAnswerStatuses(t *testing.T) {
@@ -127,6 +133,7 @@ slo:
 				wants[fmt.Sprintf("%s.%s.%d", api, mode, status)] = w
 			}
 			wants[api+"."+mode+".html"] = want{status: 200, errorType: "html_body"}
+			wants[api+"."+mode+".json"] = want{status: 200, errorType: "empty_answer"}
 		}
 	}
 	send := func(m string) {
@@ -212,6 +219,7 @@ slo:
 		{"duration count{error_type=http_no_answer}", sum("gen_ai_server_request_duration_seconds", "error_type", "http_no_answer"), byType["http_no_answer"]},
 		{"duration count{error_type=empty_body}", sum("gen_ai_server_request_duration_seconds", "error_type", "empty_body"), byType["empty_body"]},
 		{"duration count{error_type=html_body}", sum("gen_ai_server_request_duration_seconds", "error_type", "html_body"), byType["html_body"]},
+		{"duration count{error_type=empty_answer}", sum("gen_ai_server_request_duration_seconds", "error_type", "empty_answer"), byType["empty_answer"]},
 		{"TTFT count", sum("gen_ai_server_time_to_first_token_seconds"), 1},
 		{"tokentap_slo_requests_total", sum("tokentap_slo_requests_total", "slo", "all"), float64(len(wants) + 1)},
 		{"tokentap_slo_qualified_requests_total", sum("tokentap_slo_qualified_requests_total", "slo", "all"), 1},

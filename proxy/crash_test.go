@@ -97,8 +97,9 @@ func TestHugeMaxTokensForwardedAnsweredRecorded(t *testing.T) {
 					t.Errorf("forwarded %s, want %s", fwd, body)
 				}
 				rec := only(t, sink)
-				if rec.API != a.Name || rec.MaxTokens != math.MaxInt64 || rec.Outcome != record.Success || rec.HTTPStatus != http.StatusOK {
-					t.Errorf("record: api %s max_tokens %d outcome %s status %d", rec.API, rec.MaxTokens, rec.Outcome, rec.HTTPStatus)
+				// `{}` names no answer: recorded as such (empty_answer).
+				if rec.API != a.Name || rec.MaxTokens != math.MaxInt64 || rec.Outcome != record.NoAnswer || rec.ErrorType != record.ErrEmptyAnswer || rec.HTTPStatus != http.StatusOK {
+					t.Errorf("record: api %s max_tokens %d outcome %s/%s status %d", rec.API, rec.MaxTokens, rec.Outcome, rec.ErrorType, rec.HTTPStatus)
 				}
 				if c := cap(rec.TokenAt); c != record.MaxHint {
 					t.Errorf("room for %d token events, want %d", c, record.MaxHint)

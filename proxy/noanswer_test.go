@@ -168,3 +168,44 @@ func TestWebPageIsNoAnswer(t *testing.T) {
 		})
 	}
 }
+
+// A whole JSON body that names no answer, no output, no finish reason, no
+// usage and no end, is no answer (docs/measurement.md §3, empty_answer):
+// `{}`, an empty choices array, a Responses background response still
+// queued (answered later, elsewhere). They were successes. A real answer,
+// even an empty one, is not this.
+func TestEmptyJSONAnswerIsNoAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name, path, body string
+		outcome          record.Outcome
+		errorType        string
+	}{
+		{"chat {}", "/v1/chat/completions", `{}`, record.NoAnswer, record.ErrEmptyAnswer},
+		{"chat, no choice", "/v1/chat/completions", `{"id":"c","object":"chat.completion","model":"m","choices":[]}`, record.NoAnswer, record.ErrEmptyAnswer},
+		{"messages {}", "/v1/messages", `{}`, record.NoAnswer, record.ErrEmptyAnswer},
+		{"responses, queued", "/v1/responses", `{"id":"resp_1","object":"response","status":"queued","background":true,"output":[]}`, record.NoAnswer, record.ErrEmptyAnswer},
+		{"chat answer", "/v1/chat/completions", `{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`, record.Success, ""},
+		{"chat, empty content, a finish reason", "/v1/chat/completions", `{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"length"}]}`, record.Success, ""},
+		{"tgi, empty text", "/generate", `{"generated_text":""}`, record.Success, ""},
+		{"ollama, done", "/api/chat", `{"model":"m","message":{"role":"assistant","content":""},"done":true}`, record.Success, ""},
+		{"an error object stays an error", "/v1/chat/completions", `{"error":{"message":"no","type":"server_error"}}`, record.Error, record.ErrStreamError},
+		{"not JSON stays malformed", "/v1/chat/completions", `{"choices":`, record.Error, record.ErrMalformed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, c.body)
+			}), Options{})
+			resp, err := http.Post(fs.URL+c.path, "application/json", strings.NewReader(`{"model":"m","stream":false,"messages":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			r := only(t, sink)
+			if resp.StatusCode != 200 || string(got) != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
+				t.Errorf("client %d %q; record %s/%s, want %s/%s", resp.StatusCode, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
+			}
+		})
+	}
+}

@@ -973,6 +973,11 @@ func (p *Proxy) outcome(st *reqState, t *tap, now time.Time) {
 		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrEmptyBody
 	case t.eof && st.page:
 		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrHTMLBody
+	case t.eof && t.empty && status < 300:
+		// A whole JSON answer that names none: no output, no finish
+		// reason, no usage, no end; also the Responses API's queued
+		// background response, answered later, elsewhere.
+		rec.Outcome, rec.ErrorType = record.NoAnswer, record.ErrEmptyAnswer
 	case t.streamErr:
 		rec.Outcome, rec.ErrorType = record.Error, record.ErrStreamError
 		if t.rejection {

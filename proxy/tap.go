@@ -100,6 +100,9 @@ type tap struct {
 	needModel           bool // the model comes from the response (modelFromResponse)
 
 	// what the stream said
+	// empty: a whole JSON body, parsed, named no answer: no output, no
+	// finish reason, no usage, no end (`{}`, `{"choices":[]}`)
+	empty       bool
 	done        bool // end marker seen
 	streamErr   bool // error event seen
 	rejection   bool // ... and it was an overload
@@ -515,7 +518,9 @@ func (t *tap) Close() error {
 					return
 				}
 				at := t.readErrAt
-				t.apply(&t.chunk, at)
+				c := &t.chunk
+				t.empty = !c.Error && !c.Output && !c.Reasoning && len(c.FinishReason) == 0 && !c.Usage && !c.HasPrompt && !c.Done
+				t.apply(c, at)
 				if t.needModel {
 					t.modelFromResponse()
 				}

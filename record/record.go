@@ -53,6 +53,7 @@ const (
 	ErrNoAnswerStatus  = "http_no_answer" // no_answer: a 2xx other than 200, 201 and 203 to a generation request (202, 204, 205, 206 ...)
 	ErrEmptyBody       = "empty_body"     // no_answer: an answer status whose body had no byte
 	ErrHTMLBody        = "html_body"      // no_answer: an answer status to a generation request whose body is a web page (text/html)
+	ErrEmptyAnswer     = "empty_answer"   // no_answer: an answer status whose whole JSON body names no answer ({}, {"choices":[]})
 	ErrLoop            = "loop_detected"  // the request came back to this sidecar (its Via names it): answered 508, not forwarded
 )
 
