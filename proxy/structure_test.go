@@ -350,6 +350,12 @@ func TestStructureChecksWholeBodies(t *testing.T) {
 		{"chat", "/v1/chat/completions", `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,` +
 			`"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":%s}},` +
 			`{"id":"call_2","type":"function","function":{"name":"get_weather","arguments":%s}}]},"finish_reason":"tool_calls"}],` + usage + `}`},
+		// SGLang's non-streamed parallel calls each carry "index":-1
+		// (https://docs.sglang.io/advanced_features/tool_parser.html):
+		// still a call each, not one keyed by the index.
+		{"chat", "/v1/chat/completions", `{"id":"70d690c8","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"I will look.",` +
+			`"tool_calls":[{"id":"call_1","index":-1,"type":"function","function":{"name":"get_weather","arguments":%s}},` +
+			`{"id":"call_2","index":-1,"type":"function","function":{"name":"get_weather","arguments":%s}}],"reasoning_content":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}],` + usage + `}`},
 		{"responses", "/v1/responses", `{"id":"resp_1","object":"response","status":"completed","model":"m","output":[{"type":"function_call","id":"fc_1","call_id":"call_1",` +
 			`"name":"get_weather","arguments":%s,"status":"completed"}],"usage":{"input_tokens":5,"output_tokens":9,"total_tokens":14}}`},
 		{"messages", "/v1/messages", `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":%o}],` +

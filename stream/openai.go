@@ -288,6 +288,7 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 			if b[v] != '{' {
 				return skipValue(b, v)
 			}
+			whole := k[0] == 'm' // a whole message, not a stream's delta
 			return walkObject(b, v, func(k []byte, v int) int {
 				switch string(k) {
 				// A refusal is the model's answer, streamed as text
@@ -314,7 +315,7 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 					if n > 0 {
 						c.Output = true
 						if t != nil && e >= 0 {
-							openAIToolCalls(b[v:e], t)
+							openAIToolCalls(b[v:e], t, whole)
 						}
 					}
 					return e
@@ -323,7 +324,7 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 						c.Output = true
 						e := skipValue(b, v)
 						if t != nil && e >= 0 {
-							openAIToolCall(b[v:e], t, 0)
+							openAIToolCall(b[v:e], t, 0, false)
 						}
 						return e
 					}
@@ -375,22 +376,27 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 }
 
 // openAIToolCalls assembles the elements of a tool_calls array (a
-// delta's or a whole message's) into t: each
+// delta's, or a whole message's when whole) into t: each
 // {index, id, function: {name, arguments}}, the arguments a string that
 // the deltas of the call with that index continue. An element with no
-// index (a whole message's: only a stream's deltas carry one) is a call
-// of its own.
-func openAIToolCalls(v []byte, t *Collector) {
+// index is a call of its own, and so is every element of a whole
+// message, whatever index it carries: the schema gives a whole call
+// none (ChatCompletionMessageToolCall), and an engine that adds one
+// does not number the calls by it (SGLang's non-streamed answer puts
+// "index":-1 on every call: https://docs.sglang.io/advanced_features/tool_parser.html,
+// its two parallel calls; keyed by it, they were one call whose
+// arguments were two objects end to end).
+func openAIToolCalls(v []byte, t *Collector, whole bool) {
 	eachElement(v, func(call []byte) bool {
-		openAIToolCall(call, t, newCall)
+		openAIToolCall(call, t, newCall, whole)
 		return true
 	})
 }
 
 // openAIToolCall assembles one tool call into t, under the key callKey
 // gives its index (absent: the key absent; a legacy function_call has
-// no index and is the first call, 0).
-func openAIToolCall(call []byte, t *Collector, absent int64) {
+// no index and is the first call, 0), or as a new call when whole.
+func openAIToolCall(call []byte, t *Collector, absent int64, whole bool) {
 	var index []byte
 	var name, args []byte
 	eachMember(call, func(k, v []byte) bool {
@@ -414,7 +420,11 @@ func openAIToolCall(call []byte, t *Collector, absent int64) {
 		}
 		return true
 	})
-	key := t.callName(callKey(index, absent), name)
+	key := callKey(index, absent)
+	if whole {
+		key = newCall
+	}
+	key = t.callName(key, name)
 	t.callArgs(key, args, true)
 }
 

@@ -252,6 +252,18 @@ func TestToolCallKeys(t *testing.T) {
 				`{"id":"a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},` +
 				`{"id":"b","type":"function","function":{"name":"g","arguments":"{\"b\":2}"}}]},"finish_reason":"tool_calls"}]}`,
 		}, []call{{"f", `{"a":1}`}, {"g", `{"b":2}`}}},
+		// SGLang's non-streamed answer (Qwen2.5, two parallel calls to one
+		// tool) puts "index":-1 on every call
+		// (https://docs.sglang.io/advanced_features/tool_parser.html,
+		// "Non-stream response"): keyed by it, the two were one call.
+		{"whole message, an index on every call", FormatOpenAI, []string{
+			`{"id":"70d690c828e941cd93dadd33a3ef089a","object":"chat.completion","created":1756878542,"model":"Qwen/Qwen2.5-7B-Instruct","choices":[{"index":0,` +
+				`"message":{"role":"assistant","content":"To determine the current weather in Boston, I will use the get_current_weather function.","tool_calls":[` +
+				`{"id":"call_a77925c9acd240229bc0c5a6","index":-1,"type":"function","function":{"name":"get_current_weather","arguments":"{\"city\": \"Boston\", \"state\": \"MA\", \"unit\": \"celsius\"}"}},` +
+				`{"id":"call_e019c1c5f36e4f75a87c369d","index":-1,"type":"function","function":{"name":"get_current_weather","arguments":"{\"city\": \"Boston\", \"state\": \"MA\", \"unit\": \"fahrenheit\"}"}}],` +
+				`"reasoning_content":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}],` +
+				`"usage":{"prompt_tokens":281,"total_tokens":420,"completion_tokens":139,"prompt_tokens_details":null,"reasoning_tokens":0},"metadata":{"weight_version":"default"}}`,
+		}, []call{{"get_current_weather", `{"city": "Boston", "state": "MA", "unit": "celsius"}`}, {"get_current_weather", `{"city": "Boston", "state": "MA", "unit": "fahrenheit"}`}}},
 		{"stream deltas continue by index", FormatOpenAI, []string{
 			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\""}},{"index":1,"function":{"name":"g","arguments":""}}]}}]}`,
 			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}`,
