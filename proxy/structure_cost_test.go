@@ -35,8 +35,14 @@ func collected(c *stream.Collector) (held, capacity int) {
 // 16 KiB: the state between two growths, with a quarter or more of room,
 // that a pooled Collector (its buffers kept up to 64 KiB) starts its
 // next request in. It reports whether the events add to the Collector.
-func checkedTap(tp *tap, p []byte) bool {
+// begin, when not empty, is a payload read into the Collector first (the
+// block an Anthropic tool call's deltas continue).
+func checkedTap(tp *tap, p []byte, begin string) bool {
 	tp.col = stream.NewCollector(structure.DefaultMaxBytes, true)
+	if begin != "" {
+		var c stream.Chunk
+		stream.ParseCollect(tp.format, []byte(begin), &c, tp.col)
+	}
 	for range 1 << 16 {
 		_, before := collected(tp.col)
 		tp.Read(p)
@@ -53,28 +59,30 @@ func checkedTap(tp *tap, p []byte) bool {
 // allocates nothing per event.
 func TestTapZeroAllocsPerEventChecked(t *testing.T) {
 	cases := []struct {
-		name string
-		f    stream.Format
-		kind bodyKind
-		ev   string
+		name  string
+		f     stream.Format
+		kind  bodyKind
+		ev    string
+		begin string // read first: the tool_use block the deltas continue
 	}{
-		{"chat text", stream.FormatOpenAI, bodySSE, `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":null}]}` + "\n\n"},
-		{"chat tool call", stream.FormatOpenAI, bodySSE, `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":" x"}}]},"finish_reason":null}]}` + "\n\n"},
+		{"chat text", stream.FormatOpenAI, bodySSE, `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":null}]}` + "\n\n", ""},
+		{"chat tool call", stream.FormatOpenAI, bodySSE, `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":" x"}}]},"finish_reason":null}]}` + "\n\n", ""},
 		{"responses tool call", stream.FormatResponses, bodySSE, "event: response.function_call_arguments.delta\ndata: " +
-			`{"type":"response.function_call_arguments.delta","sequence_number":3,"item_id":"fc_1","output_index":0,"delta":" x"}` + "\n\n"},
+			`{"type":"response.function_call_arguments.delta","sequence_number":3,"item_id":"fc_1","output_index":0,"delta":" x"}` + "\n\n", ""},
 		{"responses text", stream.FormatResponses, bodySSE, "event: response.output_text.delta\ndata: " +
-			`{"content_index":0,"delta":" x","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":7,"type":"response.output_text.delta"}` + "\n\n"},
+			`{"content_index":0,"delta":" x","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":7,"type":"response.output_text.delta"}` + "\n\n", ""},
 		{"messages tool call", stream.FormatMessages, bodySSE, "event: content_block_delta\ndata: " +
-			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":" x"}}` + "\n\n"},
-		{"ollama text", stream.FormatOllama, bodyNDJSON, `{"model":"m","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant","content":" x"},"done":false}` + "\n"},
-		{"gemini text", stream.FormatGemini, bodySSE, `data: {"candidates": [{"content": {"parts": [{"text": " x"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"totalTokenCount": 9},"modelVersion": "gemini-2.5-flash","responseId": "r"}` + "\n\n"},
+			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":" x"}}` + "\n\n",
+			`{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}`},
+		{"ollama text", stream.FormatOllama, bodyNDJSON, `{"model":"m","created_at":"2025-01-01T00:00:00Z","message":{"role":"assistant","content":" x"},"done":false}` + "\n", ""},
+		{"gemini text", stream.FormatGemini, bodySSE, `data: {"candidates": [{"content": {"parts": [{"text": " x"}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 9,"totalTokenCount": 9},"modelVersion": "gemini-2.5-flash","responseId": "r"}` + "\n\n", ""},
 	}
 	for _, c := range cases {
 		for _, strip := range []bool{false, true} {
 			st := realState(1 << 16)
 			tp := newTap(&loopReader{ev: []byte(c.ev)}, st, c.kind, c.f, strip, 1<<20)
 			p := make([]byte, 32<<10)
-			if !checkedTap(tp, p) {
+			if !checkedTap(tp, p, c.begin) {
 				t.Fatalf("%s: the events add nothing to the Collector", c.name)
 			}
 			st.rec.Reset()

@@ -393,3 +393,50 @@ func TestStructureChecksWholeBodies(t *testing.T) {
 		}
 	}
 }
+
+// TestStructureRealShapes: answers in shapes real servers send, through
+// the real proxy, are judged as the answers they are.
+func TestStructureRealShapes(t *testing.T) {
+	for _, c := range []struct {
+		name, path, ct, req, body string
+		status, why               string
+	}{
+		// A recorded Anthropic stream whose one tool use is the server's
+		// web search (vercel/ai packages/anthropic/src/__fixtures__/
+		// anthropic-web-search-tool.1.chunks.txt, its results cut short):
+		// its input streams as input_json_delta, and is no call of the
+		// client's (it was read as one with no name: unknown_tool).
+		{"anthropic web search", "/v1/messages", "text/event-stream",
+			`{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"news?"}],"tools":[{"name":"get_weather","input_schema":` + toolSchema + `},{"type":"web_search_20250305","name":"web_search","max_uses":5}]}`,
+			sseEv("message_start", `{"type":"message_start","message":{"id":"msg_01LHpEgU4KbfgXGVi3UtHQY1","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":2037,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1,"service_tier":"standard"}}}`) +
+				sseEv("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"server_tool_use","id":"srvtoolu_01Bj5uzzLcYG5hfueSLcDH8k","name":"web_search","input":{}}}`) +
+				sseEv("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`) +
+				sseEv("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"query\": \"t"}}`) +
+				sseEv("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"ech news today\"}"}}`) +
+				sseEv("content_block_stop", `{"type":"content_block_stop","index":0}`) +
+				sseEv("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"web_search_tool_result","tool_use_id":"srvtoolu_01Bj5uzzLcYG5hfueSLcDH8k","content":[{"type":"web_search_result","title":"t","url":"https://example.com/","encrypted_content":"Erke","page_age":null}]}}`) +
+				sseEv("content_block_stop", `{"type":"content_block_stop","index":1}`) +
+				sseEv("content_block_start", `{"type":"content_block_start","index":2,"content_block":{"type":"text","text":""}}`) +
+				sseEv("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"text_delta","text":"`+marker+`"}}`) +
+				sseEv("content_block_stop", `{"type":"content_block_stop","index":2}`) +
+				sseEv("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":88}}`) +
+				sseEv("message_stop", `{"type":"message_stop"}`),
+			structure.Pass, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", c.ct)
+				w.Write([]byte(c.body))
+			})
+			fs, sink := front(t, up, Options{Structure: &structure.Checker{}})
+			resp, got := do(t, fs, c.path, c.req)
+			if resp.StatusCode != 200 || got != c.body {
+				t.Fatalf("status %d; the client got %q, want the engine's bytes", resp.StatusCode, got)
+			}
+			r := only(t, sink)
+			if r.Outcome != "success" || r.Structure != c.status || r.StructureFailed != nil || r.StructureUnchecked != c.why {
+				t.Fatalf("outcome %s structure %q %v unchecked %q, want success, %q, unchecked %q", r.Outcome, r.Structure, r.StructureFailed, r.StructureUnchecked, c.status, c.why)
+			}
+		})
+	}
+}

@@ -39,7 +39,15 @@ func ParseMessages(data []byte, c *Chunk) { parseMessages(data, c, nil) }
 
 // parseMessages is ParseMessages, writing to t (when not nil) the answer
 // text: the text of the text_delta deltas, or of a whole message's text
-// blocks (not the thinking, nor the tool input).
+// blocks (not the thinking, nor the tool input); and the tool calls: a
+// tool_use block, its input the input_json_delta deltas of its index
+// (streamed) or its input object (whole). A server tool's block
+// (server_tool_use, mcp_tool_use: Anthropic runs the tool, and streams
+// its input as input_json_delta all the same) is no call of the
+// client's, streamed or whole: its deltas began no call and are not
+// read (vercel/ai packages/anthropic/src/__fixtures__/anthropic-web-search-tool.1.chunks.txt,
+// a recorded web_search stream; read as a call, it had no name and
+// failed unknown_tool).
 func parseMessages(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
@@ -130,7 +138,9 @@ func parseMessages(data []byte, c *Chunk, t *Collector) {
 		if t != nil && string(dtyp) == `"text_delta"` {
 			t.add(text)
 		}
-		if t != nil && string(dtyp) == `"input_json_delta"` {
+		// Only a tool_use block's input is a call's arguments: a server
+		// tool's block began no call (parseMessages).
+		if t != nil && string(dtyp) == `"input_json_delta"` && t.began(callKey(index, 0)) {
 			t.callArgs(callKey(index, 0), partial, true)
 		}
 	case "message_delta":

@@ -113,10 +113,8 @@ func callKey(v []byte, absent int64) int64 {
 // key of its own below it (-2, -3...).
 func (t *Collector) call(key int64) *ToolCall {
 	if key != newCall {
-		for i := t.n - 1; i >= 0; i-- {
-			if t.calls[i].key == key {
-				return &t.calls[i]
-			}
+		if c := t.find(key); c != nil {
+			return c
 		}
 	}
 	if t.n == MaxCalls {
@@ -134,6 +132,19 @@ func (t *Collector) call(key int64) *ToolCall {
 	}
 	return c
 }
+
+// find returns the call with key, nil when there is none.
+func (t *Collector) find(key int64) *ToolCall {
+	for i := t.n - 1; i >= 0; i-- {
+		if t.calls[i].key == key {
+			return &t.calls[i]
+		}
+	}
+	return nil
+}
+
+// began reports whether a call with key has begun (callName, callArgs).
+func (t *Collector) began(key int64) bool { return t.find(key) != nil }
 
 // callName sets the name of the call with key (a JSON string value; the
 // key newCall begins a new call) and returns the call's key.

@@ -284,6 +284,20 @@ func TestToolCallKeys(t *testing.T) {
 			`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{}"}}`,
 			`{"type":"content_block_delta","index":1.5,"delta":{"type":"input_json_delta","partial_json":"[]"}}`,
 		}, []call{{"f", `{}`}, {"g", `[]`}}},
+		// A server tool's input streams as input_json_delta too, under its
+		// own block's index (vercel/ai packages/anthropic/src/__fixtures__/
+		// anthropic-web-search-with-tool.1.chunks.txt): no call of the
+		// client's, where it was read as one with no name.
+		{"Anthropic server tool input is no call", FormatMessages, []string{
+			`{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_01SaveResults","name":"save_results","input":{}}}`,
+			`{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}`,
+			`{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"filename\": \"news.txt\"}"}}`,
+			`{"type":"content_block_stop","index":1}`,
+			`{"type":"content_block_start","index":2,"content_block":{"type":"server_tool_use","id":"srvtoolu_01WebSearch","name":"web_search","input":{}}}`,
+			`{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":""}}`,
+			`{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"query\": \"latest news\"}"}}`,
+			`{"type":"content_block_stop","index":2}`,
+		}, []call{{"save_results", `{"filename": "news.txt"}`}}},
 		{"Responses output_index", FormatResponses, []string{
 			`{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","name":"f","arguments":""}}`,
 			`{"type":"response.output_item.added","output_index":99999999999999999999,"item":{"type":"function_call","name":"g","arguments":""}}`,
