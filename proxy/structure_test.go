@@ -422,6 +422,14 @@ func TestStructureRealShapes(t *testing.T) {
 				sseEv("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":88}}`) +
 				sseEv("message_stop", `{"type":"message_stop"}`),
 			structure.Pass, ""},
+		// Gemini's candidateCount 2 (https://ai.google.dev/api/rest/v1beta/GenerationConfig):
+		// two valid JSON answers, not one invalid text.
+		{"gemini two candidates", "/v1beta/models/gemini-2.5-flash:generateContent", "application/json",
+			`{"contents":[{"role":"user","parts":[{"text":"answer"}]}],"generationConfig":{"candidateCount":2,"responseMimeType":"application/json","responseJsonSchema":` + outputSchema + `}}`,
+			`{"candidates": [{"content": {"parts": [{"text": "{\"answer\": \"` + marker + `\"}"}],"role": "model"},"finishReason": "STOP","avgLogprobs": -0.01},` +
+				`{"content": {"parts": [{"text": "{\"answer\": \"b\"}"}],"role": "model"},"finishReason": "STOP","index": 1,"avgLogprobs": -0.02}],` +
+				`"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 12,"totalTokenCount": 21},"modelVersion": "gemini-2.5-flash","responseId": "r1"}`,
+			structure.Unchecked, structure.WhyChoices},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

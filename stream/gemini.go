@@ -66,7 +66,13 @@ func geminiModel(path string) string {
 // plus thoughtsTokenCount (the reasoning is output, as in the other
 // formats' counts); a payload without either has no output count (the
 // stream's first ones carry the prompt count alone). An "error" member is
-// an error. The candidates are pooled (Choices -1).
+// an error. The candidates are pooled (Choices -1). A response with
+// several (generationConfig.candidateCount > 1, up to 8:
+// https://ai.google.dev/api/rest/v1beta/GenerationConfig), a payload with
+// more than one candidate or one whose index is not 0, pools their text
+// and calls too: a Collector is marked Multi, and the structure checks
+// do not read them, as for OpenAI's n > 1 (read as one answer, two valid
+// JSON candidates were one invalid text).
 func ParseGemini(data []byte, c *Chunk) { parseGemini(data, c, nil) }
 
 // parseGemini is ParseGemini, writing to t (when not nil) the answer
@@ -94,12 +100,16 @@ func parseGemini(data []byte, c *Chunk, t *Collector) {
 // object.
 func geminiObject(v []byte, c *Chunk, t *Collector) bool {
 	var block []byte
+	cands, other := 0, false // candidates, and whether one named an index but 0
 	ok := eachMember(v, func(k, v []byte) bool {
 		switch string(k) {
 		case "candidates":
 			eachElement(v, func(cand []byte) bool {
+				cands++
 				eachMember(cand, func(k, v []byte) bool {
 					switch string(k) {
+					case "index":
+						other = other || string(v) != "0"
 					case "content":
 						eachMember(v, func(k, v []byte) bool {
 							if string(k) == "parts" {
@@ -137,6 +147,9 @@ func geminiObject(v []byte, c *Chunk, t *Collector) bool {
 	})
 	if len(c.FinishReason) == 0 && len(block) > 0 {
 		c.FinishReason = block
+	}
+	if t != nil && (cands > 1 || other) {
+		t.SetMulti()
 	}
 	return ok
 }

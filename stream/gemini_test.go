@@ -142,3 +142,33 @@ func FuzzParseGemini(f *testing.F) {
 		}
 	})
 }
+
+// TestGeminiCandidatesAreMulti: a response of several candidates
+// (generationConfig.candidateCount, https://ai.google.dev/api/rest/v1beta/GenerationConfig:
+// up to 8; each Candidate has its index) pools their text and calls, so
+// the Collector says Multi, as for OpenAI's n > 1: two JSON answers read
+// as one text were one invalid JSON. One candidate, with its index 0 or
+// without one, and the elements of a streamed array, each one candidate,
+// are one answer.
+func TestGeminiCandidatesAreMulti(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		multi    bool
+	}{
+		{"two candidates in a body", `{"candidates": [{"content": {"parts": [{"text": "{\"answer\": \"a\"}"}],"role": "model"},"finishReason": "STOP","avgLogprobs": -0.01},` +
+			`{"content": {"parts": [{"text": "{\"answer\": \"b\"}"}],"role": "model"},"finishReason": "STOP","index": 1,"avgLogprobs": -0.02}],` +
+			`"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": 12,"totalTokenCount": 21},"modelVersion": "gemini-2.5-flash","responseId": "r1"}`, true},
+		{"a stream event of the second candidate", `{"candidates": [{"content": {"parts": [{"text": "{\"answer\""}],"role": "model"},"index": 1}],"modelVersion": "gemini-2.5-flash"}`, true},
+		{"one candidate, index 0", `{"candidates": [{"content": {"parts": [{"text": "{}"}],"role": "model"},"finishReason": "STOP","index": 0}]}`, false},
+		{"one candidate, no index", `{"candidates": [{"content": {"parts": [{"text": "{}"}],"role": "model"},"finishReason": "STOP"}]}`, false},
+		{"streamed array, one candidate each", `[{"candidates": [{"content": {"parts": [{"text": "{"}]},"index": 0}]},{"candidates": [{"content": {"parts": [{"text": "}"}]},"finishReason": "STOP","index": 0}]}]`, false},
+	} {
+		col := NewCollector(1<<10, true)
+		var c Chunk
+		ParseCollect(FormatGemini, []byte(tc.in), &c, col)
+		if c.Malformed || col.Multi() != tc.multi {
+			t.Errorf("%s: malformed %v, multi %v, want %v", tc.name, c.Malformed, col.Multi(), tc.multi)
+		}
+		col.Release()
+	}
+}
