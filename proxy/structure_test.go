@@ -422,6 +422,24 @@ func TestStructureRealShapes(t *testing.T) {
 				sseEv("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":88}}`) +
 				sseEv("message_stop", `{"type":"message_stop"}`),
 			structure.Pass, ""},
+		// llama.cpp's Responses stream of two parallel calls: no
+		// output_index on its events, each call whole before the next
+		// (ggml-org/llama.cpp tools/server/server-task.cpp,
+		// to_json_oaicompat_resp); they were one call.
+		{"llama.cpp responses parallel calls", "/v1/responses", "text/event-stream",
+			`{"model":"m","stream":true,"input":"weather?","tools":[{"type":"function","name":"get_weather","parameters":` + toolSchema + `}]}`,
+			sseEv("response.created", `{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress"}}`) +
+				sseEv("response.in_progress", `{"type":"response.in_progress","response":{"id":"resp_1","object":"response","status":"in_progress"}}`) +
+				sseEv("response.output_item.added", `{"type":"response.output_item.added","item":{"id":"fc_a1","arguments":"","call_id":"call_a1","name":"get_weather","type":"function_call","status":"in_progress"}}`) +
+				sseEv("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","delta":"{\"city\":","item_id":"fc_a1"}`) +
+				sseEv("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","delta":"\"`+marker+`\"}","item_id":"fc_a1"}`) +
+				sseEv("response.output_item.added", `{"type":"response.output_item.added","item":{"id":"fc_b2","arguments":"","call_id":"call_b2","name":"get_weather","type":"function_call","status":"in_progress"}}`) +
+				sseEv("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","delta":"{\"city\":\"Rome\"}","item_id":"fc_b2"}`) +
+				sseEv("response.completed", `{"type":"response.completed","response":{"id":"resp_1","object":"response","status":"completed","model":"m","output":[`+
+					`{"type":"function_call","id":"fc_a1","call_id":"call_a1","name":"get_weather","arguments":"{\"city\":\"`+marker+`\"}","status":"completed"},`+
+					`{"type":"function_call","id":"fc_b2","call_id":"call_b2","name":"get_weather","arguments":"{\"city\":\"Rome\"}","status":"completed"}],`+
+					`"usage":{"input_tokens":5,"output_tokens":20,"total_tokens":25}}}`),
+			structure.Pass, ""},
 		// Gemini's candidateCount 2 (https://ai.google.dev/api/rest/v1beta/GenerationConfig):
 		// two valid JSON answers, not one invalid text.
 		{"gemini two candidates", "/v1beta/models/gemini-2.5-flash:generateContent", "application/json",

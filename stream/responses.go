@@ -42,7 +42,15 @@ func ParseResponses(data []byte, c *Chunk) { parseResponses(data, c, nil) }
 // parseResponses is ParseResponses, writing to t (when not nil) the
 // answer text: the response.output_text.delta deltas, or a whole
 // response's output_text parts of its message items (not the refusals
-// nor the reasoning).
+// nor the reasoning); and the function calls, a stream's keyed by their
+// output_index. llama.cpp's stream names none
+// (ggml-org/llama.cpp tools/server/server-task.cpp,
+// to_json_oaicompat_resp: output_item.added and
+// function_call_arguments.delta carry the item and its item_id, no
+// output_index) and sends each call whole before the next: there an
+// output_item.added begins a new call and a delta continues the call
+// begun last (keyed 0, two parallel calls were one, their arguments two
+// objects end to end).
 func parseResponses(data []byte, c *Chunk, t *Collector) {
 	*c = Chunk{Choices: -1}
 	d := trimWS(data)
@@ -92,13 +100,11 @@ func parseResponses(data []byte, c *Chunk, t *Collector) {
 	case "response.function_call_arguments.delta":
 		c.Output = nonEmptyStr(delta)
 		if t != nil {
-			i := callKey(outIndex, 0)
-			t.callArgs(i, delta, true)
+			t.callArgs(callKey(outIndex, t.lastKey(0)), delta, true)
 		}
 	case "response.output_item.added":
 		if t != nil {
-			i := callKey(outIndex, 0)
-			responsesCall(item, i, t)
+			responsesCall(item, callKey(outIndex, newCall), t)
 		}
 	case "response.refusal.delta",
 		"response.custom_tool_call_input.delta", "response.code_interpreter_call_code.delta",

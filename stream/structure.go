@@ -143,6 +143,14 @@ func (t *Collector) find(key int64) *ToolCall {
 	return nil
 }
 
+// lastKey is the key of the call begun last; absent when none has.
+func (t *Collector) lastKey(absent int64) int64 {
+	if t.n == 0 {
+		return absent
+	}
+	return t.calls[t.n-1].key
+}
+
 // began reports whether a call with key has begun (callName, callArgs).
 func (t *Collector) began(key int64) bool { return t.find(key) != nil }
 

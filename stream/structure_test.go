@@ -298,6 +298,17 @@ func TestToolCallKeys(t *testing.T) {
 			`{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"query\": \"latest news\"}"}}`,
 			`{"type":"content_block_stop","index":2}`,
 		}, []call{{"save_results", `{"filename": "news.txt"}`}}},
+		// llama.cpp's Responses stream names no output_index, and sends
+		// each call whole before the next (ggml-org/llama.cpp
+		// tools/server/server-task.cpp, to_json_oaicompat_resp): keyed 0,
+		// two parallel calls were one.
+		{"Responses without output_index", FormatResponses, []string{
+			`{"type":"response.output_item.added","item":{"id":"fc_a1","arguments":"","call_id":"call_a1","name":"get_weather","type":"function_call","status":"in_progress"}}`,
+			`{"type":"response.function_call_arguments.delta","delta":"{\"city\":","item_id":"fc_a1"}`,
+			`{"type":"response.function_call_arguments.delta","delta":"\"Paris\"}","item_id":"fc_a1"}`,
+			`{"type":"response.output_item.added","item":{"id":"fc_b2","arguments":"","call_id":"call_b2","name":"get_weather","type":"function_call","status":"in_progress"}}`,
+			`{"type":"response.function_call_arguments.delta","delta":"{\"city\":\"Rome\"}","item_id":"fc_b2"}`,
+		}, []call{{"get_weather", `{"city":"Paris"}`}, {"get_weather", `{"city":"Rome"}`}}},
 		{"Responses output_index", FormatResponses, []string{
 			`{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","name":"f","arguments":""}}`,
 			`{"type":"response.output_item.added","output_index":99999999999999999999,"item":{"type":"function_call","name":"g","arguments":""}}`,
