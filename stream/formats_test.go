@@ -38,6 +38,16 @@ func TestParseFormats(t *testing.T) {
 			func(c *Chunk) bool {
 				return c.Done && c.Usage && c.CompletionTokens == 7 && string(c.ID) == "resp_9" && string(c.FinishReason) == "completed"
 			}},
+		// llama.cpp's last event (ggml-org/llama.cpp
+		// tools/server/server-task.cpp, to_json_oaicompat_resp_stream:
+		// "timings" beside the response, as on its chat stream).
+		{"responses: llama.cpp timings on response.completed", FormatResponses, `{"type":"response.completed","response":{"id":"resp_1","object":"response","created_at":1,"status":"completed","model":"m","output":[],` +
+			`"usage":{"input_tokens":12,"output_tokens":4,"total_tokens":16,"input_tokens_details":{"cached_tokens":3}}},` +
+			`"timings":{"cache_n":3,"prompt_n":9,"prompt_ms":41.5,"prompt_per_token_ms":4.6,"prompt_per_second":216.8,"predicted_n":4,"predicted_ms":80.25,"predicted_per_token_ms":20.06,"predicted_per_second":49.8}}`,
+			func(c *Chunk) bool {
+				return c.Done && c.Engine.Known == EnginePrompt|EngineDecode && c.Engine.Prompt == 41500*time.Microsecond &&
+					c.Engine.Decode == 80250*time.Microsecond && c.CachedTokens == 3 && c.PromptTokens == 12 && c.CompletionTokens == 4
+			}},
 		{"responses: http error body", FormatResponses, `{"error":{"message":"model not found","type":"not_found_error","param":null,"code":null}}`,
 			func(c *Chunk) bool { return c.Error && string(c.ErrorType) == "not_found_error" }},
 		{"responses: created has no usage", FormatResponses, `{"type":"response.created","response":{"id":"resp_1","usage":null,"status":"in_progress"}}`,

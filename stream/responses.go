@@ -30,6 +30,11 @@ import "bytes"
 //     response.usage (input_tokens, output_tokens,
 //     input_tokens_details.cached_tokens) and a finish reason: the
 //     incomplete_details.reason, else the status ("completed");
+//   - the engine's times: llama.cpp's "timings" object beside the event
+//     (on response.completed, on every event with timings_per_token;
+//     ggml-org/llama.cpp tools/server/server-task.cpp,
+//     to_json_oaicompat_resp_stream), read as on its chat stream
+//     (parseLlamaTimings): prompt_ms and predicted_ms;
 //   - errors: the "error" event (code and message, at the top level as
 //     the schema has them or under "error" as some servers send them)
 //     and response.failed (response.error.code); an HTTP error body
@@ -79,6 +84,8 @@ func parseResponses(data []byte, c *Chunk, t *Collector) {
 			errv = v
 		case "code":
 			code = v
+		case "timings": // llama.cpp (ParseResponses)
+			parseLlamaTimings(v, c)
 		}
 		return true
 	})
