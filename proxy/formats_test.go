@@ -487,6 +487,34 @@ func TestHTTPErrorsEveryFormat(t *testing.T) {
 	}
 }
 
+// TestLlamaCppErrorField: llama.cpp before ggml-org/llama.cpp#16109 sent
+// a stream's error as an SSE "error:" field (tools/server/server.cpp,
+// server_sent_event(sink, "error", error_data)), then "data: [DONE]" on
+// its OpenAI routes, and nothing more on its native one. The request
+// failed: with the field ignored, the chat one was a success, and the
+// native one an incomplete stream with no code.
+func TestLlamaCppErrorField(t *testing.T) {
+	errField := `error: {"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}` + "\n\n"
+	for _, tc := range []struct{ path, req, done string }{
+		{"/v1/chat/completions", streamBody, "data: [DONE]\n\n"},
+		{"/completion", `{"prompt":"hi","n_predict":4,"stream":true}`, ""},
+	} {
+		for _, inject := range []bool{false, true} { // usage injected: strip mode reads the events
+			t.Run(tc.path+map[bool]string{false: " plain", true: " injected"}[inject], func(t *testing.T) {
+				fs, sink := front(t, sse(errField, tc.done), Options{InjectUsage: inject})
+				resp, body := do(t, fs, tc.path, tc.req)
+				if resp.StatusCode != 200 || body != errField+tc.done {
+					t.Fatalf("client got %d %q", resp.StatusCode, body)
+				}
+				r := waitOne(t, sink)
+				if r.Outcome != record.Error || r.ErrorType != record.ErrStreamError || r.ErrorCode != 400 || r.TokenEvents() != 0 {
+					t.Fatalf("record %s/%s code %d, %d token events; want error/%s code 400, none", r.Outcome, r.ErrorType, r.ErrorCode, r.TokenEvents(), record.ErrStreamError)
+				}
+			})
+		}
+	}
+}
+
 // Every API has its format (stream.FormatOfAPI spells the api values out).
 func TestFormatOfEveryAPI(t *testing.T) {
 	want := map[stream.Name]stream.Format{stream.NameChat: stream.FormatOpenAI, stream.NameCompletions: stream.FormatOpenAI,

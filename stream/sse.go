@@ -12,8 +12,9 @@ type Event struct {
 	// Name is the value of the last "event:" field; empty means "message".
 	Name []byte
 	// Data is the concatenation of the "data:" field values, joined by "\n"
-	// as the SSE specification says. HasData tells an empty data field
-	// ("data:") apart from no data field at all.
+	// as the SSE specification says (and of an "error:" field's, read as
+	// the Framer says). HasData tells an empty data field ("data:") apart
+	// from no data field at all.
 	Data    []byte
 	HasData bool
 	// Start and End are the byte offsets of the event's raw bytes in the
@@ -33,6 +34,14 @@ type Event struct {
 // CRLF line endings (also a CRLF split across two reads), "data:" with or
 // without one leading space, comment lines, multi-line data, a leading
 // UTF-8 BOM, and a partial event at EOF (see Finish).
+//
+// One field the specification ignores is read: "error:" with a JSON
+// object, a data line {"error": <the object>} that every adapter reads as
+// an error. llama.cpp before ggml-org/llama.cpp#16109 (September 2025)
+// sent a stream's error so (tools/server/server.cpp,
+// server_sent_event(sink, "error", error_data): {"code","message","type"}),
+// then "data: [DONE]" on its OpenAI routes: with the field ignored, a
+// request that failed ended as a success.
 //
 // The zero value is ready to use. A Framer is not safe for concurrent use.
 type Framer struct {
@@ -60,6 +69,9 @@ type Framer struct {
 }
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
+
+// errorOpen begins the data an "error:" field is read as (Framer).
+var errorOpen = []byte(`{"error":`)
 
 func (f *Framer) limit() int {
 	if f.MaxEventBytes > 0 {
@@ -224,6 +236,25 @@ func (f *Framer) processLine(line []byte, fn func(*Event)) {
 			f.data = append(f.data, '\n')
 		}
 		f.data = append(f.data, value...)
+		f.hasData = true
+	case "error": // llama.cpp's old error field (Framer)
+		if len(value) == 0 || value[0] != '{' {
+			return
+		}
+		n := len(f.data) + len(errorOpen) + len(value) + 1
+		if f.hasData {
+			n++
+		}
+		if n > f.limit() {
+			f.overflow()
+			return
+		}
+		if f.hasData {
+			f.data = append(f.data, '\n')
+		}
+		f.data = append(f.data, errorOpen...)
+		f.data = append(f.data, value...)
+		f.data = append(f.data, '}')
 		f.hasData = true
 	case "event":
 		f.name = append(f.name[:0], value...)

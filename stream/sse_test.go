@@ -47,6 +47,11 @@ func TestFramerEdgeCases(t *testing.T) {
 		{"stray blank lines", "\n\ndata: a\n\n", []gotEvent{{"", "a", true, 2, 11, false}}},
 		{"unknown field ignored", "id: 7\nretry: 10\ndata: a\n\n", []gotEvent{{"", "a", true, 0, 25, false}}},
 		{"colon in value", "data: {\"a\":1}\n\n", []gotEvent{{"", `{"a":1}`, true, 0, 15, false}}},
+		// llama.cpp before ggml-org/llama.cpp#16109: a stream's error as
+		// an "error:" field, then "data: [DONE]" on its OpenAI routes.
+		{"llama.cpp error field", "error: {\"code\":400,\"type\":\"exceed_context_size_error\"}\n\ndata: [DONE]\n\n",
+			[]gotEvent{{"", `{"error":{"code":400,"type":"exceed_context_size_error"}}`, true, 0, 56, false}, {"", "[DONE]", true, 56, 70, false}}},
+		{"error field not an object ignored", "error: boom\n\n", []gotEvent{{"", "", false, 0, 13, false}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
