@@ -391,6 +391,12 @@ func TestFormatsWholeBodies(t *testing.T) {
 			`{"index":0,"content":"Hi","tokens":[],"id_slot":0,"stop":true,"model":"x","tokens_predicted":2,"tokens_evaluated":3,"stop_type":"eos","timings":{"prompt_ms":1.5,"predicted_ms":2.25}}`, nil,
 			want{api: stream.NameLlamaCppCompletion, outcome: record.Success, finish: "eos", in: 3, out: 2, source: "usage", terminal: -1, firstOutput: -1,
 				engine: record.EngineTimes{Prompt: 1500 * time.Microsecond, Decode: 2250 * time.Microsecond, Known: record.EnginePrompt | record.EngineDecode}}},
+		// Several prompts: an array of results (tools/server/README.md,
+		// /completion), which was malformed, its counts lost.
+		{"llama.cpp, several prompts", "/completion", `{"prompt":["hi","yo"]}`,
+			`[{"index":0,"content":"Hi","tokens":[],"id_slot":0,"stop":true,"model":"x","tokens_predicted":2,"tokens_evaluated":3,"stop_type":"eos","timings":{"prompt_ms":1.5,"predicted_ms":2.25}},` +
+				`{"index":1,"content":"Yo","tokens":[],"id_slot":1,"stop":true,"model":"x","tokens_predicted":4,"tokens_evaluated":3,"stop_type":"limit","timings":{"prompt_ms":1.25,"predicted_ms":4}}]`, nil,
+			want{api: stream.NameLlamaCppCompletion, outcome: record.Success, finish: "limit", in: 6, out: 6, source: "usage", terminal: -1, firstOutput: -1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -107,6 +107,18 @@ func TestParseFormats(t *testing.T) {
 			func(c *Chunk) bool {
 				return c.Done && c.Engine.Prompt == 15*time.Millisecond && c.Engine.Decode == 2*time.Millisecond
 			}},
+		// tools/server/README.md, /completion: "Multiple prompts are also
+		// supported. In this case, the completion result will be an array."
+		{"llamacpp: several prompts' results pooled", FormatLlamaCpp, `[{"index":0,"content":"Paris","tokens":[],"id_slot":0,"stop":true,"model":"m","tokens_predicted":3,"tokens_evaluated":7,"stop_type":"eos","stopping_word":"","tokens_cached":9,"timings":{"cache_n":2,"prompt_ms":5.5,"predicted_ms":9}},` +
+			`{"index":1,"content":"Rome","tokens":[],"id_slot":1,"stop":true,"model":"m","tokens_predicted":4,"tokens_evaluated":8,"stop_type":"limit","stopping_word":"","tokens_cached":11,"timings":{"cache_n":3,"prompt_ms":6,"predicted_ms":12}}]`,
+			func(c *Chunk) bool {
+				return !c.Malformed && c.Done && c.Output && c.Usage && c.CompletionTokens == 7 && c.PromptTokens == 15 && c.CachedTokens == 5 &&
+					string(c.FinishReason) == "limit" && string(c.Model) == "m" && c.Engine.Known == 0
+			}},
+		{"llamacpp: a result still going is no end", FormatLlamaCpp, `[{"content":"a","stop":true},{"content":"b","stop":false}]`,
+			func(c *Chunk) bool { return !c.Malformed && !c.Done && c.Output }},
+		{"llamacpp: an array holding a non-object", FormatLlamaCpp, `[{"content":"a","stop":true},3]`,
+			func(c *Chunk) bool { return c.Malformed && !c.Done && !c.Output }},
 		{"openai: llama.cpp timings on the last chunk", FormatOpenAI, `{"choices":[],"usage":{"completion_tokens":2,"prompt_tokens":3},"timings":{"prompt_ms":4.25,"predicted_ms":8}}`,
 			func(c *Chunk) bool { return c.UsageOnly() && c.Engine.Prompt == 4250*time.Microsecond }},
 		// every format: the [DONE] marker and malformed payloads
@@ -287,9 +299,10 @@ func FuzzParseTGI(f *testing.F) {
 
 func FuzzParseLlamaCpp(f *testing.F) {
 	addSeeds(f, "llamacpp_completion.sse", false)
+	f.Add([]byte(`[{"content":"a","stop":true,"tokens_predicted":1},{"content":"b","stop":true,"tokens_predicted":2}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzFormat(t, FormatLlamaCpp, data)
-		fuzzFormat(t, FormatOpenAI, data) // the OpenAI adapter hands native payloads over
+		fuzzArrayFormat(t, FormatLlamaCpp, data) // several prompts' results
+		fuzzFormat(t, FormatOpenAI, data)        // the OpenAI adapter hands native payloads over
 	})
 }
 

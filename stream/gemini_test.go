@@ -119,28 +119,33 @@ func FuzzParseGemini(f *testing.F) {
 	addSeeds(f, "gemini_stream.sse", false)
 	addSeeds(f, "gemini_stream_error.sse", false)
 	f.Add([]byte(`[{"candidates":[]},{"usageMetadata":{"candidatesTokenCount":1}}]`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if d := trimWS(data); len(d) == 0 || d[0] != '[' {
-			fuzzFormat(t, FormatGemini, data)
-			return
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzArrayFormat(t, FormatGemini, data) })
+}
+
+// fuzzArrayFormat is fuzzFormat for a format that also reads a JSON
+// array of objects, its elements pooled (Gemini's body without alt=sse,
+// llama.cpp's results of several prompts): such an array is well-formed.
+func fuzzArrayFormat(t *testing.T, f Format, data []byte) {
+	if d := trimWS(data); len(d) == 0 || d[0] != '[' {
+		fuzzFormat(t, f, data)
+		return
+	}
+	var c Chunk
+	Parse(f, data, &c)
+	if json.Valid(data) {
+		var elems []json.RawMessage
+		isObjs := json.Unmarshal(data, &elems) == nil
+		for _, e := range elems {
+			var m map[string]json.RawMessage
+			isObjs = isObjs && json.Unmarshal(e, &m) == nil && m != nil
 		}
-		var c Chunk
-		Parse(FormatGemini, data, &c)
-		if json.Valid(data) {
-			var elems []json.RawMessage
-			isObjs := json.Unmarshal(data, &elems) == nil
-			for _, e := range elems {
-				var m map[string]json.RawMessage
-				isObjs = isObjs && json.Unmarshal(e, &m) == nil && m != nil
-			}
-			if isObjs == c.Malformed {
-				t.Fatalf("%q: malformed=%v, encoding/json says array of objects=%v", data, c.Malformed, isObjs)
-			}
+		if isObjs == c.Malformed {
+			t.Fatalf("%v %q: malformed=%v, encoding/json says array of objects=%v", f, data, c.Malformed, isObjs)
 		}
-		if c.Malformed && (c.TokenBearing() || c.Usage) {
-			t.Fatalf("%q: a malformed payload says something: %+v", data, c)
-		}
-	})
+	}
+	if c.Malformed && (c.TokenBearing() || c.Usage) {
+		t.Fatalf("%v %q: a malformed payload says something: %+v", f, data, c)
+	}
 }
 
 // TestGeminiCandidatesAreMulti: a response of several candidates

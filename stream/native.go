@@ -233,7 +233,8 @@ func tgiText(token, generated []byte, t *Collector) {
 // ParseLlamaCpp reads one payload of llama.cpp server's native completion
 // API into c: the data of one SSE event of POST /completion (or
 // /completions without /v1) with "stream":true, or a whole
-// non-streaming body. It never allocates.
+// non-streaming body (an array of them for a request of several
+// prompts, pooled: llamaCppResults). It never allocates.
 //
 // Sources: ggml-org/llama.cpp tools/server/server-task.cpp
 // (server_task_result_cmpl_partial::to_json_non_oaicompat: index,
@@ -262,6 +263,66 @@ func parseLlamaCpp(data []byte, c *Chunk, t *Collector) {
 		c.Done = true
 		return
 	}
+	if len(d) > 0 && d[0] == '[' {
+		llamaCppResults(d, c, t)
+		return
+	}
+	if !llamaCppObject(d, c, t) {
+		*c = Chunk{Malformed: true, Choices: -1}
+	}
+}
+
+// llamaCppResults reads the whole body of a request of several prompts
+// into c: an array of results, one per prompt (tools/server/README.md,
+// /completion: "Multiple prompts are also supported. In this case, the
+// completion result will be an array"; read as one object, it was
+// malformed and its counts lost). They are pooled: output when one has
+// some, the end when every one has ended, the counts summed, the last
+// finish reason, the first error; no engine times, which are each
+// prompt's own (the prompts run side by side in the server's slots).
+// A Collector is marked Multi when there are several.
+func llamaCppResults(d []byte, c *Chunk, t *Collector) {
+	var e Chunk
+	n, bad, ended := 0, false, true
+	ok := eachElement(d, func(v []byte) bool {
+		e = Chunk{Choices: -1}
+		if bad = !llamaCppObject(v, &e, t); bad {
+			return false
+		}
+		n++
+		c.Output = c.Output || e.Output
+		ended = ended && e.Done
+		if len(e.FinishReason) > 0 {
+			c.FinishReason = e.FinishReason
+		}
+		if len(c.Model) == 0 {
+			c.Model = e.Model
+		}
+		if e.Usage {
+			c.CompletionTokens, c.Usage = c.CompletionTokens+e.CompletionTokens, true
+		}
+		if e.HasPrompt {
+			c.PromptTokens, c.HasPrompt = c.PromptTokens+e.PromptTokens, true
+		}
+		c.CachedTokens += e.CachedTokens
+		if e.Error && !c.Error {
+			c.Error, c.ErrorType, c.ErrorCode = true, e.ErrorType, e.ErrorCode
+		}
+		return true
+	})
+	if !ok || bad {
+		*c = Chunk{Malformed: true, Choices: -1}
+		return
+	}
+	c.Done = ended && n > 0
+	if t != nil && n > 1 {
+		t.SetMulti()
+	}
+}
+
+// llamaCppObject reads one llama.cpp payload, an object, into c (zeroed
+// by the caller); false when it is not an object.
+func llamaCppObject(d []byte, c *Chunk, t *Collector) bool {
 	probs := 0
 	var counts usageCounts
 	ok := eachMember(d, func(k, v []byte) bool {
@@ -298,8 +359,7 @@ func parseLlamaCpp(data []byte, c *Chunk, t *Collector) {
 		return true
 	})
 	if !ok {
-		*c = Chunk{Malformed: true, Choices: -1}
-		return
+		return false
 	}
 	counts.set(c)
 	if c.TokensFrom == SourceNone && probs > 0 && c.Output {
@@ -308,6 +368,7 @@ func parseLlamaCpp(data []byte, c *Chunk, t *Collector) {
 	if !c.Output {
 		c.Tokens, c.TokensFrom = 0, SourceNone
 	}
+	return true
 }
 
 // usageLlamaCpp: the counts at the top level of every payload; the
