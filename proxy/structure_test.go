@@ -356,6 +356,10 @@ func TestStructureChecksWholeBodies(t *testing.T) {
 		{"chat", "/v1/chat/completions", `{"id":"70d690c8","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"I will look.",` +
 			`"tool_calls":[{"id":"call_1","index":-1,"type":"function","function":{"name":"get_weather","arguments":%s}},` +
 			`{"id":"call_2","index":-1,"type":"function","function":{"name":"get_weather","arguments":%s}}],"reasoning_content":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}],` + usage + `}`},
+		// TGI before 3.2.0: the arguments as the object itself
+		// (huggingface/text-generation-inference #3076).
+		{"chat", "/v1/chat/completions", `{"object":"chat.completion","id":"","created":1,"model":"m","system_fingerprint":"3.1.1-native","choices":[{"index":0,"message":{"role":"assistant",` +
+			`"tool_calls":[{"id":"0","type":"function","function":{"description":null,"name":"get_weather","arguments":%o}}]},"logprobs":null,"finish_reason":"stop"}],` + usage + `}`},
 		{"responses", "/v1/responses", `{"id":"resp_1","object":"response","status":"completed","model":"m","output":[{"type":"function_call","id":"fc_1","call_id":"call_1",` +
 			`"name":"get_weather","arguments":%s,"status":"completed"}],"usage":{"input_tokens":5,"output_tokens":9,"total_tokens":14}}`},
 		{"messages", "/v1/messages", `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":%o}],` +

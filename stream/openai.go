@@ -425,7 +425,11 @@ func openAIToolCall(call []byte, t *Collector, absent int64, whole bool) {
 		key = newCall
 	}
 	key = t.callName(key, name)
-	t.callArgs(key, args, true)
+	// The arguments are a string of JSON text; TGI before 3.2.0 sent a
+	// whole call's as the JSON object itself (huggingface/text-generation-inference
+	// #3076, router/src/lib.rs FunctionDefinition): taken as it is, where
+	// read as a string it was no arguments at all.
+	t.callArgs(key, args, !isObject(args))
 }
 
 // usageOpenAI: CompletionUsage (completion_tokens includes the

@@ -264,6 +264,13 @@ func TestToolCallKeys(t *testing.T) {
 				`"reasoning_content":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}],` +
 				`"usage":{"prompt_tokens":281,"total_tokens":420,"completion_tokens":139,"prompt_tokens_details":null,"reasoning_tokens":0},"metadata":{"weight_version":"default"}}`,
 		}, []call{{"get_current_weather", `{"city": "Boston", "state": "MA", "unit": "celsius"}`}, {"get_current_weather", `{"city": "Boston", "state": "MA", "unit": "fahrenheit"}`}}},
+		// TGI before 3.2.0 sent a whole call's arguments as the object
+		// itself (huggingface/text-generation-inference #3076, the test it
+		// changed in router/src/lib.rs): read as a string, they were none.
+		{"whole message, arguments as an object (TGI before 3.2)", FormatOpenAI, []string{
+			`{"object":"chat.completion","id":"","created":1,"model":"m","system_fingerprint":"3.1.1-native","choices":[{"index":0,"message":{"role":"assistant",` +
+				`"tool_calls":[{"id":"0","type":"function","function":{"description":null,"name":"myfn","arguments":{"format":"csv"}}}]},"logprobs":null,"finish_reason":"stop"}]}`,
+		}, []call{{"myfn", `{"format":"csv"}`}}},
 		{"stream deltas continue by index", FormatOpenAI, []string{
 			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\""}},{"index":1,"function":{"name":"g","arguments":""}}]}}]}`,
 			`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}`,
