@@ -521,6 +521,25 @@ func TestLlamaCppErrorField(t *testing.T) {
 	}
 }
 
+// TestTGIToolCallObject: TGI before 3.2.0 streamed a tool call's deltas
+// with tool_calls one object, not an array (its integration-tests
+// snapshots at v3.1.0; huggingface/text-generation-inference #3075):
+// each is a token event, where none was.
+func TestTGIToolCallObject(t *testing.T) {
+	chunk := func(args, finish string) string {
+		return `data: {"choices":[{"delta":{"content":null,"role":"assistant","tool_calls":{"function":{"arguments":` + q(args) +
+			`,"name":null},"id":"","index":0,"type":"function"}},"finish_reason":` + finish + `,"index":0,"logprobs":null}],"created":1732293235,"id":"",` +
+			`"model":"meta-llama/Llama-3.1-8B-Instruct","object":"chat.completion.chunk","system_fingerprint":"2.4.1-dev0-native","usage":null}` + "\n\n"
+	}
+	fs, sink := front(t, sse(chunk(`{"function": {"_name": "get_weather",`, "null"), chunk(` "location": "Paris"}}`, "null"),
+		chunk("<|eot_id|>", `"stop"`), "data: [DONE]\n\n"), Options{})
+	do(t, fs, "/v1/chat/completions", streamBody)
+	r := waitOne(t, sink)
+	if r.Outcome != record.Success || r.TokenEvents() != 3 || r.FinishReason != "stop" {
+		t.Fatalf("outcome %s, %d token events, finish %q; want success, 3, stop", r.Outcome, r.TokenEvents(), r.FinishReason)
+	}
+}
+
 // Every API has its format (stream.FormatOfAPI spells the api values out).
 func TestFormatOfEveryAPI(t *testing.T) {
 	want := map[stream.Name]stream.Format{stream.NameChat: stream.FormatOpenAI, stream.NameCompletions: stream.FormatOpenAI,

@@ -121,7 +121,10 @@ var doneMarker = []byte("[DONE]")
 // to_json_oaicompat_chat_stream), and a llama.cpp native payload reaching
 // an OpenAI route (its /completions without /v1 is the native one:
 // tools/server/server.cpp registers post_completions there), recognised
-// by a boolean "stop" and no "choices", and read by ParseLlamaCpp.
+// by a boolean "stop" and no "choices", and read by ParseLlamaCpp. One
+// older shape is read too: TGI before 3.2.0 streamed a delta's
+// tool_calls as one object rather than an array (output, each delta a
+// token; not a call the structure checks read).
 func ParseOpenAI(data []byte, c *Chunk) { parseOpenAI(data, c, nil) }
 
 // parseOpenAI is ParseOpenAI, writing to t (when not nil) the answer
@@ -312,11 +315,21 @@ func parseChoiceAt(b []byte, i int, c *Chunk, t *Collector) int {
 					return e
 				case "tool_calls":
 					n, e := countAt(b, v)
-					if n > 0 {
+					switch {
+					case n > 0:
 						c.Output = true
 						if t != nil && e >= 0 {
 							openAIToolCalls(b[v:e], t, whole)
 						}
+					case n < 0 && b[v] == '{':
+						// TGI before 3.2.0 streamed its one call as an
+						// object, not an array (huggingface/text-generation-inference
+						// #3075): output all the same, each delta a token
+						// (read as none, a tool call's stream had no token
+						// events). Its name is null and its arguments the
+						// model's raw {"function": {"_name": ...}} text,
+						// no call the structure checks can read: not collected.
+						c.Output = true
 					}
 					return e
 				case "function_call":

@@ -25,6 +25,12 @@ func TestParseOpenAI(t *testing.T) {
 		{"reasoning (new name)", `{"choices":[{"delta":{"reasoning":"hmm"}}]}`, func(c *Chunk) bool { return c.Reasoning }},
 		{"tool call args", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a"}}]}}]}`,
 			func(c *Chunk) bool { return c.Output }},
+		// TGI before 3.2.0: one call as an object, not an array (its
+		// integration-tests snapshot test_flash_llama_grammar_tools_stream.json
+		// at v3.1.0; changed by huggingface/text-generation-inference #3075).
+		{"tool call as an object (TGI before 3.2)", `{"choices":[{"delta":{"content":null,"role":"assistant","tool_calls":{"function":{"arguments":"{\"","name":null},"id":"","index":0,"type":"function"}},` +
+			`"finish_reason":null,"index":0,"logprobs":null}],"created":1732293235,"id":"","model":"meta-llama/Llama-3.1-8B-Instruct","object":"chat.completion.chunk","system_fingerprint":"2.4.1-dev0-native","usage":null}`,
+			func(c *Chunk) bool { return c.Output && c.TokenBearing() && c.Choices == 1 }},
 		{"refusal", `{"choices":[{"index":0,"delta":{"refusal":"I can't help with that."},"finish_reason":null}]}`,
 			func(c *Chunk) bool { return c.Output && c.TokenBearing() }},
 		{"empty refusal is not a token", `{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":""}}]}`,
