@@ -375,8 +375,17 @@ func drive(proxy string, worker int, stop <-chan struct{}) {
 		if n%5 == 4 {
 			format = `,"response_format":{"type":"json_object"}`
 		}
+		prompt := strings.Repeat("hello ", 1+(n*13)%300)
+		if n%8 == 5 {
+			// A long prompt, its own from its first block (the prefix
+			// cache holds none of it): about 6,000 tokens, 310 ms of
+			// the simulator's prefill, so that the slow-first-token
+			// panels have a slow first token however fast or loaded the
+			// machine (a busy run's short prompts once had none).
+			prompt = fmt.Sprintf("w%d n%d ", worker, n) + strings.Repeat("x ", 12000)
+		}
 		body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`,
-			model, stream, 4+(n*7)%40, strings.Repeat("hello ", 1+(n*13)%300), format)
+			model, stream, 4+(n*7)%40, prompt, format)
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+proxy+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
