@@ -70,8 +70,30 @@ type Framer struct {
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
 
-// errorOpen begins the data an "error:" field is read as (Framer).
-var errorOpen = []byte(`{"error":`)
+// errorOpen and errorClose wrap the data an "error:" field is read as
+// (Framer).
+var errorOpen, errorClose = []byte(`{"error":`), []byte(`}`)
+
+// addData appends one data line, open+value+close, to the event's data
+// (joined to what it holds by "\n"), or drops the event when the line
+// takes it over the bound.
+func (f *Framer) addData(open, value, close []byte) {
+	n := len(f.data) + len(open) + len(value) + len(close)
+	if f.hasData {
+		n++
+	}
+	if n > f.limit() {
+		f.overflow()
+		return
+	}
+	if f.hasData {
+		f.data = append(f.data, '\n')
+	}
+	f.data = append(f.data, open...)
+	f.data = append(f.data, value...)
+	f.data = append(f.data, close...)
+	f.hasData = true
+}
 
 func (f *Framer) limit() int {
 	if f.MaxEventBytes > 0 {
@@ -224,38 +246,11 @@ func (f *Framer) processLine(line []byte, fn func(*Event)) {
 	}
 	switch string(field) { // no allocation: the compiler special-cases this
 	case "data":
-		n := len(f.data) + len(value)
-		if f.hasData {
-			n++
-		}
-		if n > f.limit() {
-			f.overflow()
-			return
-		}
-		if f.hasData {
-			f.data = append(f.data, '\n')
-		}
-		f.data = append(f.data, value...)
-		f.hasData = true
+		f.addData(nil, value, nil)
 	case "error": // llama.cpp's old error field (Framer)
-		if len(value) == 0 || value[0] != '{' {
-			return
+		if len(value) > 0 && value[0] == '{' {
+			f.addData(errorOpen, value, errorClose)
 		}
-		n := len(f.data) + len(errorOpen) + len(value) + 1
-		if f.hasData {
-			n++
-		}
-		if n > f.limit() {
-			f.overflow()
-			return
-		}
-		if f.hasData {
-			f.data = append(f.data, '\n')
-		}
-		f.data = append(f.data, errorOpen...)
-		f.data = append(f.data, value...)
-		f.data = append(f.data, '}')
-		f.hasData = true
 	case "event":
 		f.name = append(f.name[:0], value...)
 	}
