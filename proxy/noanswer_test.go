@@ -150,20 +150,9 @@ func TestWebPageIsNoAnswer(t *testing.T) {
 		{"an error page stays an error", "/v1/chat/completions", "text/html", page, 502, record.Error, record.ErrHTTP5xx},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", c.ct)
-				w.WriteHeader(c.status)
-				io.WriteString(w, c.body)
-			}), Options{})
-			resp, err := http.Post(fs.URL+c.path, "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			r := only(t, sink)
-			if resp.StatusCode != c.status || string(got) != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
-				t.Errorf("client %d %q; record %s/%s, want %s/%s", resp.StatusCode, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
+			status, got, r := answeredWith(t, c.path, `{"model":"m","stream":true,"messages":[]}`, c.ct, c.status, c.body)
+			if status != c.status || got != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
+				t.Errorf("client %d %q; record %s/%s, want %s/%s", status, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
 			}
 		})
 	}
@@ -192,20 +181,29 @@ func TestEmptyJSONAnswerIsNoAnswer(t *testing.T) {
 		{"not JSON stays malformed", "/v1/chat/completions", `{"choices":`, record.Error, record.ErrMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				io.WriteString(w, c.body)
-			}), Options{})
-			resp, err := http.Post(fs.URL+c.path, "application/json", strings.NewReader(`{"model":"m","stream":false,"messages":[]}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			r := only(t, sink)
-			if resp.StatusCode != 200 || string(got) != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
-				t.Errorf("client %d %q; record %s/%s, want %s/%s", resp.StatusCode, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
+			status, got, r := answeredWith(t, c.path, `{"model":"m","stream":false,"messages":[]}`, "application/json", http.StatusOK, c.body)
+			if status != http.StatusOK || got != c.body || r.Outcome != c.outcome || r.ErrorType != c.errorType {
+				t.Errorf("client %d %q; record %s/%s, want %s/%s", status, got, r.Outcome, r.ErrorType, c.outcome, c.errorType)
 			}
 		})
 	}
+}
+
+// answeredWith posts req to path through a proxy whose upstream answers
+// status with body as ct, and returns what the client got and the
+// request's record.
+func answeredWith(t *testing.T, path, req, ct string, status int, body string) (int, string, *record.Record) {
+	t.Helper()
+	fs, sink := front(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", ct)
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}), Options{})
+	resp, err := http.Post(fs.URL+path, "application/json", strings.NewReader(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(got), only(t, sink)
 }
