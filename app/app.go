@@ -312,6 +312,7 @@ func (s *Sidecar) newProxy(pipe *pipeline.Pipeline, up *url.URL, probeSecret str
 		Pipeline:        pipe,
 		Logger:          log,
 		InjectUsage:     cfg.InjectUsage,
+		EventLoop:       cfg.EventLoop,
 		PeekBytes:       cfg.PeekBytes,
 		PeekBudget:      s.peeks,
 		Timeout:         cfg.Timeout,
@@ -407,6 +408,9 @@ func (s *Sidecar) newAdmin(p pages) {
 	serverErrs := newServerErrors(log, metrics.Registry, "proxy", "admin")
 	s.proxySrv = &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		MaxHeaderBytes: proxy.MaxHeaderBytes, ErrorLog: serverErrs.logger("proxy")}
+	if cfg.EventLoop {
+		s.proxySrv.ConnContext = proxy.ConnContext
+	}
 	s.adminSrv = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: serverErrs.logger("admin")}
 }

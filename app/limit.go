@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -133,6 +134,15 @@ func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// SyscallConn hands out the wrapped connection's socket, when it has one
+// (proxy.Options.EventLoop writes to it); errors.ErrUnsupported otherwise.
+func (c *limitConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 // CloseWrite half-closes the connection when the wrapped one can (a TCP

@@ -21,6 +21,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tokentap/tokentap/pipeline"
@@ -35,6 +36,16 @@ type Options struct {
 	// Transport carries requests to the upstream. Nil means a transport
 	// tuned for one upstream (see NewTransport).
 	Transport http.RoundTripper
+	// EventLoop relays streamed answers on event loops (evloop.go): a
+	// streamed request to an http:// upstream over HTTP/1.1 from a TCP
+	// client goes over a connection of its own, and its answer's body is
+	// read and written by a loop, not by net/http, at less CPU per token
+	// event (docs/performance.md). The server must keep its connections
+	// in its requests' context (ConnContext). False (the zero value)
+	// keeps every request on net/http's path, as does a system without
+	// epoll. A Transport of the caller's carries every request: the
+	// loop applies with the proxy's own (Transport nil).
+	EventLoop bool
 	// Pipeline is told about every request at arrival and, with its
 	// finished record, at the end. Nil means a pipeline with no stage:
 	// nothing is observed or kept.
@@ -142,6 +153,7 @@ type Proxy struct {
 
 	inflight inflight
 	loopLog  atomic.Int64 // unix nanos before which no loop is logged
+	loops    *evloops     // Options.EventLoop's; nil without it
 }
 
 // NewTransport returns the transport used when Options.Transport is nil:
@@ -179,7 +191,8 @@ func New(opts Options) (*Proxy, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: an upstream URL with a host is required")
 	}
-	if opts.Transport == nil {
+	own := opts.Transport == nil
+	if own {
 		opts.Transport = NewTransport()
 	}
 	if opts.Pipeline == nil {
@@ -224,6 +237,10 @@ func New(opts Options) (*Proxy, error) {
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+	}
+	if opts.EventLoop && own {
+		p.loops = &evloops{}
+		p.rp.Transport = &directTransport{next: opts.Transport, dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
 	}
 	return p, nil
 }
@@ -306,6 +323,12 @@ type reqState struct {
 	// switchTimer is the timeout of a request that asks to switch
 	// protocols, stopped when the upstream switches; nil otherwise.
 	switchTimer *time.Timer
+	// direct: an event loop may carry the answer (directable), over a
+	// connection of the request's own (directTransport); w and client
+	// are what the loop writes to (offload).
+	direct bool
+	w      http.ResponseWriter
+	client syscall.Conn
 }
 
 // ServeHTTP proxies one request.
@@ -345,7 +368,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.refuseLoop(w, r, h) {
 		return
 	}
-	st := &reqState{clock: p.clock, arrive: p.clock.Now(), hook: h}
+	st := &reqState{clock: p.clock, arrive: p.clock.Now(), hook: h, w: w}
 	defer p.settle(w, r, st) // also when ReverseProxy panics with http.ErrAbortHandler
 	var out *http.Request
 	onOwnStack(func() {
@@ -672,6 +695,10 @@ func (p *Proxy) begin(st *reqState, r *http.Request, start *pipeline.Start) *htt
 	case st.hook.Timeout > 0:
 		ctx, st.cancel = context.WithTimeout(ctx, st.hook.Timeout)
 	}
+	if p.loops != nil {
+		st.client = clientSocket(r)
+		st.direct = p.directable(st, r, switching)
+	}
 	st.phases.wroteTo = obs.Sent
 	ctx = st.phases.install(ctx, p.clock, switching)
 	ctx, st.cut = context.WithCancelCause(ctx)
@@ -842,10 +869,18 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	st.tap.capture = p.opts.Pipeline.Capturing()
 	resp.Body = st.tap
 	st.answered = true // ReverseProxy writes the response's status next
+	if st.direct {
+		if db, ok := offloadable(resp, st.tap.body, kind); ok {
+			return p.loopRelay(st, resp, db) // an event loop relays the body, or nil
+		}
+	}
 	return nil
 }
 
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	if err == errRelayed { // no error: relay answered, and the request settles
+		return
+	}
 	st, _ := r.Context().Value(stateKey{}).(*reqState)
 	status, etype, outcome := http.StatusBadGateway, record.ErrUpstreamConnect, record.Error
 	switch {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +31,32 @@ func front(t testing.TB, h http.Handler, opts Options, live ...record.Observer) 
 		po.Live = live[0]
 	}
 	opts.Pipeline = pipeline.New(po)
+	if loopAll {
+		opts.EventLoop = true
+	}
 	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := httptest.NewServer(p)
+	fs := serve(p, opts.EventLoop)
 	t.Cleanup(fs.Close)
 	return fs, &sink
+}
+
+// loopAll runs every proxy of front on the event loop's path, where it
+// applies (TOKENTAP_TEST_EVENT_LOOP=1): scripts/test.sh runs this
+// package's tests both ways.
+var loopAll = os.Getenv("TOKENTAP_TEST_EVENT_LOOP") == "1"
+
+// serve starts a test server for p, keeping its connections in its
+// requests' context when loop is set (ConnContext).
+func serve(p http.Handler, loop bool) *httptest.Server {
+	fs := httptest.NewUnstartedServer(p)
+	if loop {
+		fs.Config.ConnContext = ConnContext
+	}
+	fs.Start()
+	return fs
 }
 
 func do(t *testing.T, fs *httptest.Server, path, body string) (*http.Response, string) {

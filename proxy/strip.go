@@ -61,12 +61,17 @@ func (t *tap) readStrip(p []byte) (int, error) {
 	if t.failed || t.degraded { // fell back to pass-through forwarding
 		return t.readPass(p)
 	}
-	t.afterForward()
-	if t.failed { // parsing failed: what was held is in out
-		return t.readStrip(p)
+	if !t.looped {
+		t.afterForward()
+		if t.failed { // parsing failed: what was held is in out
+			return t.readStrip(p)
+		}
 	}
 	for {
 		n, err := t.body.Read(p)
+		if err == errAgain { // a loop's feed has nothing more yet: what it gave is held
+			return 0, err
+		}
 		at := t.now()
 		w := 0
 		if n > 0 {

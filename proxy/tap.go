@@ -118,6 +118,11 @@ type tap struct {
 	// col collects the answer text and tool calls for the structure
 	// checks (proxy/structure.go); nil when none applies.
 	col *stream.Collector
+
+	// looped: an event loop drives the tap (evloop_linux.go), feeding
+	// body with each read's bytes and calling afterForward itself once it
+	// has written what Read returned.
+	looped bool
 }
 
 type queued struct {
@@ -152,10 +157,19 @@ func (t *tap) Read(p []byte) (int, error) {
 	return t.readPass(p)
 }
 
+// holdsOut reports whether strip mode has bytes to forward that no Read
+// has returned yet.
+func (t *tap) holdsOut() bool { return t.outPos < len(t.out) }
+
 // readPass is Read in pass-through mode.
 func (t *tap) readPass(p []byte) (int, error) {
-	t.afterForward()
+	if !t.looped {
+		t.afterForward()
+	}
 	n, err := t.body.Read(p)
+	if err == errAgain { // a loop's feed has nothing more yet
+		return 0, err
+	}
 	at := t.now()
 	if n > 0 {
 		t.firstByte(at)

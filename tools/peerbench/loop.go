@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/tokentap/tokentap/internal/chunked"
 )
 
 // loopCmd is an event-loop relay: the I/O path docs/performance.md names
@@ -125,7 +127,7 @@ func relayOne(c net.Conn, br *bufio.Reader, to string, l *loop) error {
 		up.Close()
 		return err
 	}
-	if done, err := s.chunks.scan(held); done || err != nil {
+	if _, done, err := s.chunks.Decode(held); done || err != nil { // written: it decodes in place
 		up.Close()
 		return err
 	}
@@ -173,7 +175,7 @@ func fdOf(c net.Conn) (int, error) {
 // relay is one stream's body on a loop.
 type relay struct {
 	ufd, cfd int
-	chunks   chunkScan
+	chunks   chunked.Decoder
 	pending  []byte // read, not yet written to the client (it was full)
 	ended    bool   // the last chunk is in pending
 	done     chan error
@@ -280,20 +282,20 @@ func (l *loop) read(s *relay, buf []byte) {
 		return
 	}
 	p := buf[:nr]
-	done, serr := s.chunks.scan(p)
-	if serr != nil {
-		l.end(s, serr)
-		return
-	}
 	nw, werr := rawIO(syscall.SYS_WRITE, s.cfd, p)
 	if werr == syscall.EAGAIN || werr == syscall.EINTR {
 		nw, werr = 0, nil
 	}
+	if werr == nil && nw < nr {
+		s.pending = append(s.pending[:0], p[nw:]...)
+	}
+	_, done, serr := s.chunks.Decode(p) // after the write: it decodes in place
 	switch {
+	case serr != nil:
+		l.end(s, serr)
 	case werr != nil:
 		l.end(s, werr)
 	case nw < nr: // the client's socket is full: hold the rest, stop reading until it drains
-		s.pending = append(s.pending[:0], p[nw:]...)
 		s.ended = done
 		l.streams[int32(s.cfd)] = s
 		ev := syscall.EpollEvent{Events: 0, Fd: int32(s.ufd)}
@@ -344,100 +346,6 @@ func (l *loop) end(s *relay, err error) {
 	delete(l.streams, int32(s.ufd))
 	syscall.Close(s.ufd)
 	s.done <- err
-}
-
-// chunkScan follows HTTP/1.1 chunked framing across reads, to find where
-// a body ends; the bytes themselves are relayed as they came.
-type chunkScan struct {
-	state  uint8
-	digits bool // the size line has a digit
-	size   int64
-}
-
-const (
-	csSize      = iota // the chunk's size, in hex
-	csExt              // a chunk extension, to the line's end
-	csSizeLF           // the size line's LF
-	csData             // size bytes of data
-	csDataCR           // the CRLF after the data
-	csDataLF           //
-	csTrailer          // the start of a trailer line, or the final CRLF
-	csTrailerLn        // a trailer line, to its LF
-	csFinalLF          // the final LF
-	csDone
-)
-
-var errChunked = errors.New("malformed chunked body")
-
-// scan reads p, the body's next bytes, and reports whether the body
-// ended with p's last byte; bytes after the end are an error.
-func (c *chunkScan) scan(p []byte) (done bool, err error) {
-	for i := 0; i < len(p); i++ {
-		b := p[i]
-		switch c.state {
-		case csSize:
-			switch {
-			case b >= '0' && b <= '9':
-				c.size, c.digits = c.size<<4|int64(b-'0'), true
-			case b >= 'a' && b <= 'f', b >= 'A' && b <= 'F':
-				c.size, c.digits = c.size<<4|int64(b|0x20-'a'+10), true
-			case (b == ';' || b == ' ' || b == '\t') && c.digits: // an extension, or whitespace before the CRLF (as Go reads it)
-				c.state = csExt
-			case b == '\r' && c.digits:
-				c.state = csSizeLF
-			default:
-				return false, errChunked
-			}
-			if c.size > 1<<40 {
-				return false, errChunked
-			}
-		case csExt:
-			if b == '\r' {
-				c.state = csSizeLF
-			}
-		case csSizeLF:
-			if b != '\n' {
-				return false, errChunked
-			}
-			c.state = csData
-			if c.size == 0 {
-				c.state = csTrailer
-			}
-		case csData:
-			n := min(c.size, int64(len(p)-i))
-			i += int(n) - 1
-			if c.size -= n; c.size == 0 {
-				c.state = csDataCR
-			}
-		case csDataCR:
-			if b != '\r' {
-				return false, errChunked
-			}
-			c.state = csDataLF
-		case csDataLF:
-			if b != '\n' {
-				return false, errChunked
-			}
-			c.state, c.digits = csSize, false
-		case csTrailer:
-			c.state = csTrailerLn
-			if b == '\r' {
-				c.state = csFinalLF
-			}
-		case csTrailerLn:
-			if b == '\n' {
-				c.state = csTrailer
-			}
-		case csFinalLF:
-			if b != '\n' {
-				return false, errChunked
-			}
-			c.state = csDone
-		case csDone:
-			return true, errChunked
-		}
-	}
-	return c.state == csDone, nil
 }
 
 // rawIO is read(2) or write(2) on a non-blocking socket, which returns at

@@ -1,0 +1,170 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"sync"
+	"time"
+)
+
+// directTransport is the proxy's transport with Options.EventLoop: a
+// request the event loop may carry (reqState.direct) goes to the
+// upstream over a connection of its own, dialled for it and closed after
+// it, so that its answer's body can be read with read(2) on a loop
+// (evloop_linux.go) rather than by net/http; every other request goes
+// to next.
+//
+// Design note: net/http's Transport owns its connections and reads an
+// answer's first body bytes into its own buffer with the head, where
+// nothing outside it can reach them; a loop needs the socket and every
+// byte after the head. A connection per stream costs a connect and a
+// close per request (tens of µs, against a stream's hundreds of events)
+// and no pool to go stale: an engine that closed a kept-alive
+// connection never fails a request here.
+type directTransport struct {
+	next   http.RoundTripper
+	dialer net.Dialer
+}
+
+// directBufSize is the size of a direct connection's read and write
+// buffers: the request is written once, and the head read once.
+const directBufSize = 4 << 10
+
+// longAgo is a deadline in the past: it ends a connection's pending I/O.
+var longAgo = time.Unix(1, 0)
+
+func (d *directTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	st, _ := req.Context().Value(stateKey{}).(*reqState)
+	if st == nil || !st.direct || req.URL.Scheme != "http" {
+		return d.next.RoundTrip(req)
+	}
+	return d.roundTrip(req)
+}
+
+// roundTrip sends req over a new connection and reads its answer's head,
+// reading past interim (1xx) answers as net/http does. It tells req's
+// httptrace hooks what net/http's Transport would: GetConn, the dial's
+// own (DNS, connect: net.Dialer calls them), GotConn, WroteRequest and
+// GotFirstResponseByte. The request's context ends the exchange, and
+// then the body's reads (directBody).
+func (d *directTransport) roundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	trace := httptrace.ContextClientTrace(ctx)
+	addr := req.URL.Host
+	if req.URL.Port() == "" {
+		addr = net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	if trace != nil && trace.GetConn != nil {
+		trace.GetConn(addr)
+	}
+	c, err := d.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if trace != nil && trace.GotConn != nil {
+		trace.GotConn(httptrace.GotConnInfo{Conn: c})
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(longAgo) })
+	resp, br, err := exchange(c, req, trace)
+	if !stop() && err == nil { // the context ended as the head arrived
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		c.Close()
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+	body := &directBody{body: resp.Body, conn: c.(*net.TCPConn), br: br}
+	body.stop = context.AfterFunc(ctx, func() { c.SetReadDeadline(longAgo) })
+	resp.Body = body
+	return resp, nil
+}
+
+// maxHeadBytes bounds an answer's head, interim ones included, as
+// net/http's Transport bounds it by default (MaxResponseHeaderBytes).
+const maxHeadBytes = 10 << 20
+
+// max1xx bounds the interim answers read before the final one, as
+// net/http's Transport does.
+const max1xx = 5
+
+// exchange writes req to c and reads the answer's head, handing each
+// interim (1xx) answer to the trace's Got1xxResponse (ReverseProxy's
+// forwards it to the client), as net/http's Transport does.
+func exchange(c net.Conn, req *http.Request, trace *httptrace.ClientTrace) (*http.Response, *bufio.Reader, error) {
+	bw := bufio.NewWriterSize(c, directBufSize)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if trace != nil && trace.WroteRequest != nil {
+		trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	head := &io.LimitedReader{R: c, N: maxHeadBytes}
+	br := bufio.NewReaderSize(head, directBufSize)
+	if _, err := br.Peek(1); err != nil {
+		return nil, nil, err
+	}
+	if trace != nil && trace.GotFirstResponseByte != nil {
+		trace.GotFirstResponseByte()
+	}
+	for n := 0; ; n++ {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			if head.N <= 0 {
+				err = errors.New("proxy: the upstream's answer head is over 10 MiB")
+			}
+			return nil, nil, err
+		}
+		code := resp.StatusCode
+		if code < 100 || code >= 200 || code == http.StatusSwitchingProtocols {
+			head.N = math.MaxInt64 // the body: unbounded, as a stream is
+			return resp, br, nil
+		}
+		if n == max1xx {
+			return nil, nil, errors.New("proxy: too many interim (1xx) answers from the upstream")
+		}
+		if trace != nil && trace.Got1xxResponse != nil {
+			if err := trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+}
+
+// directBody is the body of an answer read over a direct connection:
+// net/http's reader of it over the connection's buffer (chunked, by
+// length, or to the close), until an event loop takes the connection
+// (offload). Close closes the connection.
+type directBody struct {
+	body interface {
+		Read([]byte) (int, error)
+		Close() error
+	}
+	conn *net.TCPConn
+	br   *bufio.Reader
+	stop func() bool // the context's hold on the connection's reads
+	once sync.Once
+}
+
+func (b *directBody) Read(p []byte) (int, error) { return b.body.Read(p) }
+
+func (b *directBody) Close() error {
+	b.once.Do(func() {
+		b.stop()
+		b.conn.Close()
+	})
+	return nil
+}
