@@ -132,116 +132,120 @@ func plain(stream bool) string {
 //     client to the sidecar.
 func TestFormats(t *testing.T) {
 	w := setup(t)
-	s := startSidecar(t, w)
-	for _, f := range formats() {
-		t.Run(f.name, func(t *testing.T) {
-			var tok func([]byte) bool
-			if f.stream {
-				tok = f.isToken
-			}
-			direct := post(t, w.ollama, f.path, f.body, tok)
-			via := post(t, s.proxy, f.path, f.body, tok)
-			r := s.next(t)
-			if direct.status != 200 {
-				t.Fatalf("direct: %d %s", direct.status, direct.body)
-			}
-			countFrom := direct.body
-			if f.countBody != "" {
-				countFrom = post(t, w.ollama, f.path, f.countBody, nil).body
-			}
-			in, out, ok := engineCounts(countFrom)
-			if !ok {
-				t.Fatalf("no token counts in Ollama's answer:\n%s", countFrom)
-			}
-			t.Logf("ollama: %d input, %d output tokens; record: %s", in, out, r)
+	for _, mode := range ioModes {
+		t.Run(mode.name, func(t *testing.T) {
+			s := startSidecar(t, w, mode.args...)
+			for _, f := range formats() {
+				t.Run(f.name, func(t *testing.T) {
+					var tok func([]byte) bool
+					if f.stream {
+						tok = f.isToken
+					}
+					direct := post(t, w.ollama, f.path, f.body, tok)
+					via := post(t, s.proxy, f.path, f.body, tok)
+					r := s.next(t)
+					if direct.status != 200 {
+						t.Fatalf("direct: %d %s", direct.status, direct.body)
+					}
+					countFrom := direct.body
+					if f.countBody != "" {
+						countFrom = post(t, w.ollama, f.path, f.countBody, nil).body
+					}
+					in, out, ok := engineCounts(countFrom)
+					if !ok {
+						t.Fatalf("no token counts in Ollama's answer:\n%s", countFrom)
+					}
+					t.Logf("ollama: %d input, %d output tokens; record: %s", in, out, r)
 
-			t.Run("bytes", func(t *testing.T) {
-				if via.status != direct.status || via.header.Get("Content-Type") != direct.header.Get("Content-Type") {
-					t.Errorf("status %d %q through the sidecar, direct %d %q", via.status, via.header.Get("Content-Type"), direct.status, direct.header.Get("Content-Type"))
-				}
-				a, b := mask(direct.body), mask(via.body)
-				if !bytes.Equal(a, b) {
-					t.Errorf("masked bodies differ: %d bytes direct, %d through the sidecar; first difference:\n%s", len(a), len(b), firstDiff(a, b))
-				} else {
-					t.Logf("equal after masks: %d bytes (%d raw direct, %d raw through the sidecar)", len(a), len(direct.body), len(via.body))
-				}
-			})
-			t.Run("tokens", func(t *testing.T) {
-				if out != maxTokens {
-					t.Errorf("ollama counted %d output tokens, the model should always give %d", out, maxTokens)
-				}
-				if r.API != f.api || r.Stream != f.stream || r.Outcome != "success" || r.HTTPStatus != 200 {
-					t.Errorf("record api %q stream %v outcome %q status %d; want %q %v success 200", r.API, r.Stream, r.Outcome, r.HTTPStatus, f.api, f.stream)
-				}
-				if r.OutputTokens == nil || *r.OutputTokens != out {
-					t.Errorf("record output_tokens %v (token_source %q), ollama's %d", deref(r.OutputTokens), r.TokenSource, out)
-				}
-				if r.InputTokens == nil || *r.InputTokens != in {
-					t.Errorf("record input_tokens %v, ollama's %d", deref(r.InputTokens), in)
-				}
-				if f.finish != "" && r.FinishReason != f.finish {
-					t.Errorf("record finish_reason %q, want %q", r.FinishReason, f.finish)
-				}
-				if r.Injected != f.injected {
-					t.Errorf("record usage_injected %v, want %v", r.Injected, f.injected)
-				}
-				if r.Malformed || r.TapFailed != "" {
-					t.Errorf("record malformed %v tap_failed %q", r.Malformed, r.TapFailed)
-				}
-				if f.stream && r.TokenEvents != via.tokens {
-					t.Errorf("record token_events %d, this client saw %d token-bearing lines", r.TokenEvents, via.tokens)
-				}
-				if strings.HasPrefix(f.api, "ollama_") {
-					var eng []string
-					for k, v := range r.raw {
-						if _, num := v.(float64); strings.HasPrefix(k, "engine_") && num {
-							eng = append(eng, fmt.Sprintf("%s=%v", k, v))
+					t.Run("bytes", func(t *testing.T) {
+						if via.status != direct.status || via.header.Get("Content-Type") != direct.header.Get("Content-Type") {
+							t.Errorf("status %d %q through the sidecar, direct %d %q", via.status, via.header.Get("Content-Type"), direct.status, direct.header.Get("Content-Type"))
 						}
-					}
-					sort.Strings(eng)
-					if len(eng) == 0 {
-						t.Errorf("no engine_* durations in the record (ollama reports prompt_eval_duration, eval_duration, load_duration)")
-					}
-					t.Logf("engine fields: %s", strings.Join(eng, " "))
-				}
-			})
-			t.Run("timing", func(t *testing.T) {
-				// Up to timingAttempts requests: a core taken by another
-				// process for a millisecond on a busy two-core machine is
-				// not the sidecar's error, but a wrong instant fails every
-				// attempt.
-				x, r := via, r
-				for attempt := 1; ; attempt++ {
-					var errs []error
-					check := func(what string, at time.Time, got *float64) {
-						msg, err := near(what, at, r, got, x.sent)
-						t.Logf("attempt %d: %s", attempt, msg)
-						if err != nil {
-							errs = append(errs, err)
+						a, b := mask(direct.body), mask(via.body)
+						if !bytes.Equal(a, b) {
+							t.Errorf("masked bodies differ: %d bytes direct, %d through the sidecar; first difference:\n%s", len(a), len(b), firstDiff(a, b))
+						} else {
+							t.Logf("equal after masks: %d bytes (%d raw direct, %d raw through the sidecar)", len(a), len(direct.body), len(via.body))
 						}
-					}
-					switch {
-					case !f.stream:
-						// One JSON body: its end is E2E.
-						check("E2E (end of body)", x.end, r.E2Ems)
-					case x.first.IsZero():
-						t.Fatalf("no token-bearing line through the sidecar:\n%s", x.body)
-					default:
-						check("TTFT (first token line)", x.first, r.TTFTms)
-						check("E2E (end-marker line)", x.last, r.E2Ems)
-					}
-					if len(errs) == 0 {
-						return
-					}
-					if attempt == timingAttempts {
-						for _, err := range errs {
-							t.Error(err)
+					})
+					t.Run("tokens", func(t *testing.T) {
+						if out != maxTokens {
+							t.Errorf("ollama counted %d output tokens, the model should always give %d", out, maxTokens)
 						}
-						return
-					}
-					x, r = post(t, s.proxy, f.path, f.body, tok), s.next(t)
-				}
-			})
+						if r.API != f.api || r.Stream != f.stream || r.Outcome != "success" || r.HTTPStatus != 200 {
+							t.Errorf("record api %q stream %v outcome %q status %d; want %q %v success 200", r.API, r.Stream, r.Outcome, r.HTTPStatus, f.api, f.stream)
+						}
+						if r.OutputTokens == nil || *r.OutputTokens != out {
+							t.Errorf("record output_tokens %v (token_source %q), ollama's %d", deref(r.OutputTokens), r.TokenSource, out)
+						}
+						if r.InputTokens == nil || *r.InputTokens != in {
+							t.Errorf("record input_tokens %v, ollama's %d", deref(r.InputTokens), in)
+						}
+						if f.finish != "" && r.FinishReason != f.finish {
+							t.Errorf("record finish_reason %q, want %q", r.FinishReason, f.finish)
+						}
+						if r.Injected != f.injected {
+							t.Errorf("record usage_injected %v, want %v", r.Injected, f.injected)
+						}
+						if r.Malformed || r.TapFailed != "" {
+							t.Errorf("record malformed %v tap_failed %q", r.Malformed, r.TapFailed)
+						}
+						if f.stream && r.TokenEvents != via.tokens {
+							t.Errorf("record token_events %d, this client saw %d token-bearing lines", r.TokenEvents, via.tokens)
+						}
+						if strings.HasPrefix(f.api, "ollama_") {
+							var eng []string
+							for k, v := range r.raw {
+								if _, num := v.(float64); strings.HasPrefix(k, "engine_") && num {
+									eng = append(eng, fmt.Sprintf("%s=%v", k, v))
+								}
+							}
+							sort.Strings(eng)
+							if len(eng) == 0 {
+								t.Errorf("no engine_* durations in the record (ollama reports prompt_eval_duration, eval_duration, load_duration)")
+							}
+							t.Logf("engine fields: %s", strings.Join(eng, " "))
+						}
+					})
+					t.Run("timing", func(t *testing.T) {
+						// Up to timingAttempts requests: a core taken by another
+						// process for a millisecond on a busy two-core machine is
+						// not the sidecar's error, but a wrong instant fails every
+						// attempt.
+						x, r := via, r
+						for attempt := 1; ; attempt++ {
+							var errs []error
+							check := func(what string, at time.Time, got *float64) {
+								msg, err := near(what, at, r, got, x.sent)
+								t.Logf("attempt %d: %s", attempt, msg)
+								if err != nil {
+									errs = append(errs, err)
+								}
+							}
+							switch {
+							case !f.stream:
+								// One JSON body: its end is E2E.
+								check("E2E (end of body)", x.end, r.E2Ems)
+							case x.first.IsZero():
+								t.Fatalf("no token-bearing line through the sidecar:\n%s", x.body)
+							default:
+								check("TTFT (first token line)", x.first, r.TTFTms)
+								check("E2E (end-marker line)", x.last, r.E2Ems)
+							}
+							if len(errs) == 0 {
+								return
+							}
+							if attempt == timingAttempts {
+								for _, err := range errs {
+									t.Error(err)
+								}
+								return
+							}
+							x, r = post(t, s.proxy, f.path, f.body, tok), s.next(t)
+						}
+					})
+				})
+			}
 		})
 	}
 }

@@ -253,6 +253,14 @@ var upRe = regexp.MustCompile(`proxy=(http://\S+) .*metrics=(http://\S+)/metrics
 
 // startSidecar starts the sidecar binary in front of the shared Ollama,
 // with --records in a temporary file and the given extra arguments.
+// ioModes are the sidecar's two I/O paths for streamed answers: net/http's
+// (the default) and the event loop's (--event-loop, docs/design.md "The
+// event loop"). The format and SDK tests run through both.
+var ioModes = []struct {
+	name string
+	args []string
+}{{"net_http", nil}, {"event_loop", []string{"--event-loop"}}}
+
 func startSidecar(t *testing.T, w *world, args ...string) *sidecar {
 	t.Helper()
 	s := &sidecar{records: filepath.Join(t.TempDir(), "records.jsonl"), stderr: &bytes.Buffer{}, mu: &sync.Mutex{}}

@@ -26,6 +26,9 @@ type evloops struct {
 	ls   []*evloop
 	err  error
 	next atomic.Uint32
+	// carried counts the answers whose body a loop relayed (loopRelay
+	// wrote their head).
+	carried atomic.Int64
 }
 
 func (*evloops) supported() bool { return true }
@@ -129,6 +132,7 @@ type relay struct {
 	ufd     int
 	cfd     int
 	pending []byte // framed bytes the client's socket has not taken
+	pendBuf []byte // the buffer behind pending, kept for the stream's life
 	// waiting: the loop watches the client's socket for room (pending),
 	// and not the upstream's.
 	waiting  bool
@@ -184,6 +188,7 @@ func (p *Proxy) loopRelay(st *reqState, resp *http.Response, up *directBody) err
 		}
 	}
 	st.w.WriteHeader(resp.StatusCode)
+	p.loops.carried.Add(1)
 	if err := http.NewResponseController(st.w).Flush(); err != nil {
 		r.close()
 		panic(http.ErrAbortHandler)
@@ -275,7 +280,8 @@ func (r *relay) step(raw []byte, upErr error, b *loopBufs) (full bool, err error
 				return false, errClientWrite
 			}
 			if n < len(wb) {
-				r.pending = append(r.pending[:0], wb[n:]...)
+				r.pendBuf = append(r.pendBuf[:0], wb[n:]...)
+				r.pending = r.pendBuf
 				return true, nil
 			}
 		}
@@ -355,7 +361,12 @@ func (l *evloop) abort(r *relay, cause error) {
 //
 // Design note: the loop waits in Go's own poller, on the epoll instance
 // itself (readable when a socket it watches is), and asks it with a
-// timeout of 0. A goroutine blocked in epoll_wait(2) instead kept the
+// timeout of 0. It asks again before it waits only when there may be
+// more than it was told: a full list of events, or a read that filled
+// its buffer (the socket may hold more, and a level-triggered socket
+// that stays ready makes no new edge for Go's poller, which watches the
+// instance edge-triggered). Anything that becomes ready meanwhile does
+// make one: one epoll_wait(2) per wake, not two. A goroutine blocked in epoll_wait(2) instead kept the
 // runtime's monitor waking every 20 µs and its processor handed between
 // threads: more CPU than the read it saved (docs/performance.md, "The
 // event-loop path, measured").
@@ -377,12 +388,16 @@ func (l *evloop) run() {
 					return false // wait in Go's poller
 				}
 				l.take()
+				more := n == len(evs)
 				for _, ev := range evs[:n] {
 					if int(ev.Fd) == l.wake {
 						l.woken()
-					} else if r := l.streams[ev.Fd]; r != nil {
-						l.handle(r, int(ev.Fd) == r.cfd)
+					} else if r := l.streams[ev.Fd]; r != nil && l.handle(r, int(ev.Fd) == r.cfd) {
+						more = true
 					}
+				}
+				if !more {
+					return false
 				}
 			}
 		})
@@ -430,8 +445,9 @@ func (l *evloop) woken() {
 }
 
 // handle serves one ready socket of r's: the client's (client) with
-// room for what is pending, else the upstream's.
-func (l *evloop) handle(r *relay, client bool) {
+// room for what is pending, else the upstream's. It reports whether the
+// upstream's may hold more than it read (its read filled the buffer).
+func (l *evloop) handle(r *relay, client bool) (more bool) {
 	if client {
 		if !r.waiting {
 			return
@@ -447,6 +463,7 @@ func (l *evloop) handle(r *relay, client bool) {
 		if r.pending = r.pending[n:]; len(r.pending) > 0 {
 			return
 		}
+		r.pending = nil
 		// Written: the tap parses it, and may have more (a step with
 		// no new bytes).
 		full, err := r.step(nil, nil, &l.bufs)
@@ -475,6 +492,7 @@ func (l *evloop) handle(r *relay, client bool) {
 	case n == 0:
 		err = io.ErrUnexpectedEOF // closed before the last chunk
 	}
+	more = n == len(l.bufs.raw)
 	full, werr := r.step(l.bufs.raw[:n], err, &l.bufs)
 	switch {
 	case r.caught != nil || werr != nil || (r.over && !full):
@@ -490,6 +508,7 @@ func (l *evloop) handle(r *relay, client bool) {
 			l.finish(r, nil)
 		}
 	}
+	return more
 }
 
 // finish ends r on the loop: its sockets unwatched and closed, and its

@@ -15,7 +15,8 @@
 #                                     the capacity steps alone
 #   scripts/peers.sh --profile DIR    also CPU and allocation profiles of the
 #                                     sidecar over each window of the first run
-#   scripts/peers.sh --perf DIR       instead of the table: bare Go and the sidecar
+#   scripts/peers.sh --perf DIR       instead of the table: bare Go, the sidecar and
+#                                     the sidecar on its event loop (--event-loop)
 #                                     at 200 streams, one after the other, each
 #                                     sampled by `perf record -g` for 18 s, kernel
 #                                     included, and their CPU split by part per
@@ -96,13 +97,13 @@ if [ -n "$perfdir" ]; then
   command -v perf >/dev/null || { echo "scripts/peers.sh: --perf needs perf (apt-get install linux-perf)" >&2; exit 2; }
   mkdir -p "$perfdir"
   specs=()
-  for p in bare tokentap; do
+  for p in bare tokentap tokentap-evloop; do
     "$work/peerbench" run -dir "$work/perf-$p" -sidecar "$work/sidecar" -only "$p" -runs 1 -streams 200 \
       -duration 24s -warmup 3s -memory 0 -nootlp=false "${extra[@]}" >"$perfdir/$p.log" 2>&1 &
     run=$!
     # The proxy's own process: bare Go is a peerbench mode, the sidecar its binary.
     pat="peerbench bare -listen"
-    [ "$p" = tokentap ] && pat="^$work/sidecar "
+    [ "$p" != bare ] && pat="^$work/sidecar "
     pid=""
     for _ in $(seq 300); do
       pid="$(pgrep -f "$pat" | head -1 || true)"

@@ -21,6 +21,9 @@
 #   build        a CGO_ENABLED=0 build of ./cmd/sidecar
 #   test         `go test -race -count=1 ./...` with CI=true, so an integration
 #                test whose tool is missing fails instead of skipping
+#   evloop       the proxy's tests again (-race) with every stream they send
+#                that the event loop can carry on it (TOKENTAP_TEST_EVENT_LOOP=1,
+#                docs/design.md "The event loop")
 #   stacks       the goroutine stack a stream adds to the sidecar
 #                (TestStackPerStream), without -race, whose instrumentation
 #                deepens every stack
@@ -129,6 +132,9 @@ CGO_ENABLED=0 go build -o "${TMPDIR:-/tmp}/tokentap-sidecar-static" ./cmd/sideca
 
 step "test" "(CI=true go test -race -count=1 ./...)"
 go test -race -count=1 ./...
+
+step "evloop" "(TOKENTAP_TEST_EVENT_LOOP=1 go test -race -count=1 ./proxy)"
+TOKENTAP_TEST_EVENT_LOOP=1 go test -race -count=1 ./proxy
 
 step "stacks" "(go test -count=1 -run '^TestStackPerStream\$' ./app)"
 go test -count=1 -run '^TestStackPerStream$' -v ./app

@@ -70,10 +70,11 @@ const (
 	partTap     = "the tap, per event: framing, parsing, token instants, forward delay"
 	partEnd     = "the request's end and the sidecar's own goroutines: metrics, OTLP, SLO, capture, live page, probe"
 	partRecords = "the records file's writer"
+	partLoop    = "the event loop (--event-loop): epoll, read(2) and write(2), chunked framing"
 	partStart   = "the request's start: peek, routing, tenant, record"
 )
 
-var parts = []string{partKernel, partGo, partGC, partTap, partEnd, partRecords, partStart}
+var parts = []string{partKernel, partGo, partGC, partTap, partEnd, partRecords, partLoop, partStart}
 
 const ours = "github.com/tokentap/tokentap/"
 
@@ -133,6 +134,8 @@ func classify(stack [][2]string) string {
 		return partTap
 	case has("record.(*File)", "record.openFile"):
 		return partRecords
+	case has("proxy.(*evloop)", "proxy.(*relay)", "proxy.rawIO", "internal/chunked."):
+		return partLoop
 	case has("proxy.(*Proxy).endStages", "proxy.(*Proxy).runCheck", "proxy.(*Proxy).end", "proxy.(*Proxy).finish",
 		"proxy.(*Proxy).release", "pipeline.", "exporter.", "slo.", "cause.", "tracing.", "capture.", "prefix.",
 		"live.", "structure.", "probe.", "app."):
