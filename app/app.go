@@ -330,10 +330,10 @@ func (s *Sidecar) newProxy(pipe *pipeline.Pipeline, up *url.URL, probeSecret str
 		return fmt.Errorf("listen: %w", err)
 	}
 	s.defer_(func() { s.pln.Close() })
-	maxConns := cfg.MaxConnections
+	maxConns, perStream := cfg.MaxConnections, streamDescriptors(cfg.EventLoop)
 	if maxConns == 0 {
-		maxConns = defaultMaxConnections(cfg.AdminMaxConnections)
-	} else if need := uint64(2*maxConns + cfg.AdminMaxConnections + descriptorReserve); need > descriptorLimit() {
+		maxConns = defaultMaxConnections(cfg.AdminMaxConnections, perStream)
+	} else if need := uint64(perStream*maxConns + cfg.AdminMaxConnections + descriptorReserve); need > descriptorLimit() {
 		log.Warn("max_connections and admin_max_connections need more descriptors than the process may open; past the limit new clients wait in the accept queue (raise ulimit -n, or leave max_connections at 0)",
 			"max_connections", maxConns, "admin_max_connections", cfg.AdminMaxConnections, "need", need, "rlimit_nofile", descriptorLimit())
 	}

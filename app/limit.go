@@ -22,13 +22,24 @@ const descriptorReserve = 64
 
 // defaultMaxConnections sizes the proxy's connection limit to the
 // descriptor limit (RLIMIT_NOFILE, read at startup): each proxied stream
-// holds a client and an engine connection, and descriptorReserve plus
-// the admin listener's own limit are kept out of it, so that neither a
-// flood on the admin port nor one on the proxy takes the other's:
-// (RLIMIT_NOFILE − 64 − admin) / 2, at least 16.
-func defaultMaxConnections(admin int) int {
-	n := (int(min(descriptorLimit(), 1<<20)) - descriptorReserve - admin) / 2
+// holds perStream descriptors (streamDescriptors), and descriptorReserve
+// plus the admin listener's own limit are kept out of it, so that
+// neither a flood on the admin port nor one on the proxy takes the
+// other's: (RLIMIT_NOFILE − 64 − admin) / perStream, at least 16.
+func defaultMaxConnections(admin, perStream int) int {
+	n := (int(min(descriptorLimit(), 1<<20)) - descriptorReserve - admin) / perStream
 	return max(n, 16)
+}
+
+// streamDescriptors is how many descriptors a proxied stream holds: a
+// client and an engine connection, and with the event loop a copy of
+// the client's socket too (the loop's copy of the engine's replaces the
+// original).
+func streamDescriptors(eventLoop bool) int {
+	if eventLoop {
+		return 3
+	}
+	return 2
 }
 
 // descriptorLimit is the process's RLIMIT_NOFILE (its soft limit, which

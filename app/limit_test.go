@@ -219,3 +219,17 @@ func TestPeekBudgetSeries(t *testing.T) {
 		}
 	}
 }
+
+// With the event loop a stream holds three descriptors, not two, so the
+// default connection limit is two thirds of net/http's path's (both from
+// the same descriptor limit, less the same reserve).
+func TestDefaultMaxConnectionsPerStream(t *testing.T) {
+	free := int(min(descriptorLimit(), 1<<20)) - descriptorReserve - 64
+	two, three := defaultMaxConnections(64, streamDescriptors(false)), defaultMaxConnections(64, streamDescriptors(true))
+	if free >= 3*16 && (two != free/2 || three != free/3) {
+		t.Errorf("limits %d and %d from %d free descriptors, want %d and %d", two, three, free, free/2, free/3)
+	}
+	if three > two || three < 16 {
+		t.Errorf("the event loop's limit %d, net/http's %d: want it no larger, and at least 16", three, two)
+	}
+}
