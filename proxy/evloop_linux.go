@@ -188,7 +188,9 @@ func (p *Proxy) loopRelay(st *reqState, resp *http.Response, up *directBody) err
 		}
 	}
 	st.w.WriteHeader(resp.StatusCode)
-	p.loops.carried.Add(1)
+	if p.loops.carried.Add(1) == 1 { // once: the operator sees the flag take effect
+		p.log.Info("event loop: relaying streamed answers", "loops", len(p.loops.ls))
+	}
 	if err := http.NewResponseController(st.w).Flush(); err != nil {
 		r.close()
 		panic(http.ErrAbortHandler)
