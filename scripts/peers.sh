@@ -27,13 +27,14 @@
 #                                     `peerbench capacity` flags with --capacity
 #
 # Paths: direct, a bare Go httputil.ReverseProxy, an epoll event-loop relay
-# (peerbench loop: the I/O path docs/performance.md names as the sidecar's
-# next step, measured alone), the sidecar with every
+# (peerbench loop: the relay alone, measuring nothing), the sidecar with every
 # instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
 # usage injection, two SLOs, one with structure: required over the 1 request
 # in 4 that declares a tool, tenants from the API keys the client sends, the
 # capture to a file, a canary probe, the live page polled as a browser), the
-# sidecar with OTLP off, and nginx, haproxy and caddy when installed (Debian:
+# sidecar with OTLP off, the sidecar on its event loop with every
+# instrument on (tokentap-evloop: --event-loop), and nginx, haproxy and
+# caddy when installed (Debian:
 # apt-get install nginx-light haproxy caddy; write a /usr/sbin/policy-rc.d
 # that exits 101 first, so that apt starts no service). --capacity runs
 # direct, bare Go, the sidecar and nginx; BASELINE and --profile apply to the
