@@ -420,6 +420,12 @@ func readRecords(t *testing.T, path string) []rec {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseRecords(t, path, b)
+}
+
+// parseRecords is readRecords on the bytes b read from path.
+func parseRecords(t *testing.T, path string, b []byte) []rec {
+	t.Helper()
 	if len(b) > 0 && b[len(b)-1] != '\n' {
 		t.Fatalf("%s ends inside a line (a truncated record): ...%q", path, tail(b, 200))
 	}
@@ -449,13 +455,23 @@ func waitRecords(t *testing.T, path string, n int, d time.Duration) []rec {
 	deadline := time.Now().Add(d)
 	for {
 		// The writer may be mid-batch (a batch larger than its buffer is
-		// more than one write): a file that ends inside a line is read
-		// again, and fails only at the deadline.
-		if b, err := os.ReadFile(path); err == nil && len(b) > 0 && b[len(b)-1] != '\n' && time.Now().Before(deadline) {
+		// more than one write, and a read may see a write in part): a
+		// file that ends inside a line is read again, and fails only at
+		// the deadline. The bytes checked are the bytes parsed: a second
+		// read could find the next write begun.
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) > 0 && b[len(b)-1] != '\n' && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		rs := readRecords(t, path)
+		var rs []rec
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			t.Fatal(err)
+		default:
+			rs = parseRecords(t, path, b)
+		}
 		if len(rs) >= n {
 			return rs
 		}
