@@ -473,15 +473,7 @@ func (l *evloop) handle(r *relay, client bool) (more bool) {
 		case r.caught != nil || err != nil || (r.over && !full):
 			l.finish(r, err)
 		case !full:
-			r.waiting = false
-			err := l.watch(r.cfd, syscall.EPOLL_CTL_DEL, 0)
-			if err == nil {
-				err = l.watch(r.ufd, syscall.EPOLL_CTL_ADD, syscall.EPOLLIN)
-			}
-			if err != nil {
-				r.feed.err = err
-				l.finish(r, nil)
-			}
+			l.setWaiting(r, false)
 		}
 		return
 	}
@@ -500,17 +492,27 @@ func (l *evloop) handle(r *relay, client bool) (more bool) {
 	case r.caught != nil || werr != nil || (r.over && !full):
 		l.finish(r, werr)
 	case full: // watch the client's socket for room, not the upstream's
-		r.waiting = true
-		err := l.watch(r.ufd, syscall.EPOLL_CTL_DEL, 0)
-		if err == nil {
-			err = l.watch(r.cfd, syscall.EPOLL_CTL_ADD, syscall.EPOLLOUT)
-		}
-		if err != nil {
-			r.feed.err = err
-			l.finish(r, nil)
-		}
+		l.setWaiting(r, true)
 	}
 	return more
+}
+
+// setWaiting moves what the loop watches of r: the client's socket for
+// room (waiting), or the upstream's for reads. A failure ends r.
+func (l *evloop) setWaiting(r *relay, waiting bool) {
+	r.waiting = waiting
+	from, to, events := r.cfd, r.ufd, uint32(syscall.EPOLLIN)
+	if waiting {
+		from, to, events = r.ufd, r.cfd, syscall.EPOLLOUT
+	}
+	err := l.watch(from, syscall.EPOLL_CTL_DEL, 0)
+	if err == nil {
+		err = l.watch(to, syscall.EPOLL_CTL_ADD, events)
+	}
+	if err != nil {
+		r.feed.err = err
+		l.finish(r, nil)
+	}
 }
 
 // finish ends r on the loop: its sockets unwatched and closed, and its
