@@ -33,8 +33,7 @@ func defaultMaxConnections(admin, perStream int) int {
 
 // streamDescriptors is how many descriptors a proxied stream holds: a
 // client and an engine connection, and with the event loop a copy of
-// the client's socket too (the loop's copy of the engine's replaces the
-// original).
+// the client's socket too.
 func streamDescriptors(eventLoop bool) int {
 	if eventLoop {
 		return 3

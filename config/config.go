@@ -373,7 +373,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin listen address: /metrics, /healthz, /readyz")
 	fs.StringVar(&c.Records, "records", c.Records, "JSONL file of finished-request records (\"-\" = stdout, empty = none)")
 	fs.BoolVar(&c.InjectUsage, "inject-usage", c.InjectUsage, "ask the engine for usage on streams whose client did not, and strip it from the client's stream")
-	fs.BoolVar(&c.EventLoop, "event-loop", c.EventLoop, "relay streamed answers (HTTP/1.1, http:// upstream) on epoll event loops rather than net/http: less CPU per token event")
+	fs.BoolVar(&c.EventLoop, "event-loop", c.EventLoop, "relay streamed answers (HTTP/1.1, http:// upstream) with read(2) and write(2) on Go's poller rather than net/http: less CPU per token event")
 	fs.IntVar(&c.MaxModels, "max-models", c.MaxModels, "distinct model label values before the rest become _other")
 	fs.IntVar(&c.PeekBytes, "peek-bytes", c.PeekBytes, "request body bytes read before forwarding (model, stream, max_tokens)")
 	fs.Int64Var(&c.PeekBudget, "peek-budget", c.PeekBudget, "request body bytes all peeks may hold at once; past it a body is forwarded unread")

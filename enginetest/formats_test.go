@@ -246,6 +246,7 @@ func TestFormats(t *testing.T) {
 					})
 				})
 			}
+			loopCarried(t, s, mode.args)
 		})
 	}
 }

@@ -261,6 +261,15 @@ var ioModes = []struct {
 	args []string
 }{{"net_http", nil}, {"event_loop", []string{"--event-loop"}}}
 
+// loopCarried fails t when s runs on the event loop's path (args) and
+// the loop relayed no stream: the sidecar logs its first.
+func loopCarried(t *testing.T, s *sidecar, args []string) {
+	t.Helper()
+	if len(args) > 0 && !strings.Contains(s.log(), "event loop: relaying streamed answers") {
+		t.Errorf("with %v the event loop relayed no stream; the sidecar's log:\n%s", args, s.log())
+	}
+}
+
 func startSidecar(t *testing.T, w *world, args ...string) *sidecar {
 	t.Helper()
 	s := &sidecar{records: filepath.Join(t.TempDir(), "records.jsonl"), stderr: &bytes.Buffer{}, mu: &sync.Mutex{}}

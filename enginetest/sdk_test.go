@@ -207,6 +207,7 @@ func TestSDKsParseThroughTheSidecarAsDirect(t *testing.T) {
 					}
 				})
 			}
+			loopCarried(t, s, mode.args)
 		})
 	}
 }

@@ -7,26 +7,27 @@ import (
 	"net"
 	"net/http"
 	"syscall"
+	"time"
 )
 
 // The event loop (Options.EventLoop; docs/design.md, "The event loop").
 // A streamed answer that the loop may carry is read from its upstream
-// socket with read(2) by one of a few loops, each waiting on many
-// streams' sockets at once with epoll, and written to its client's
-// socket with write(2) on the same thread; the handler's goroutine
-// waits, parked, until the stream ends. On net/http's path every token
-// event wakes the handler's goroutine through the runtime's poller, and
-// costs a read that finds nothing besides the one that finds the event.
-// What the tap does with each read is the same on both paths: the loop
-// feeds it the read's bytes (loopFeed) and forwards what its Read
-// returns; the request settles as on net/http's path (loopRelay returns or
-// panics as ReverseProxy's copy would end).
+// socket with read(2) and written to its client's socket with write(2)
+// by the handler's goroutine, which waits for either socket on Go's own
+// poller (syscall.RawConn) with no goroutine of net/http's between it
+// and the sockets. On net/http's path every token event also costs a
+// read that finds nothing besides the one that finds the event, and
+// net/http's buffers and Transport goroutines. What the tap does with
+// each read is the same on both paths: the relay feeds it the read's
+// bytes (loopFeed) and forwards what its Read returns; the request
+// settles as on net/http's path (loopRelay returns or panics as
+// ReverseProxy's copy would end).
 //
 // What the loop may carry (reqState.direct, offloadable): a streamed
 // request (its body read whole) over HTTP/1.1 from a plain TCP client
 // connection, to a plain http:// upstream, answered 2xx with a chunked
 // SSE or NDJSON body and no trailers. Everything else, and everything on
-// a system without epoll, takes net/http's path.
+// a system other than Linux, takes net/http's path.
 
 // errAgain is a loop feed's "no more bytes yet": the tap's Read returns
 // it as it came, and notes nothing.
@@ -62,8 +63,7 @@ func (f *loopFeed) Read(p []byte) (int, error) {
 	return 0, errAgain
 }
 
-// Close closes the upstream connection (the loop has its own copy of
-// the socket, closed when the stream ends).
+// Close closes the upstream connection.
 func (f *loopFeed) Close() error { return f.up.Close() }
 
 type connKey struct{}
@@ -75,12 +75,18 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
 
+// clientConn is a client connection whose socket the loop may write to.
+type clientConn interface {
+	syscall.Conn
+	SetWriteDeadline(time.Time) error
+}
+
 // clientSocket returns r's client connection as a socket the loop may
 // write to: a plain TCP connection (a wrapper that hands out its socket
 // through syscall.Conn counts; TLS does not), or nil.
-func clientSocket(r *http.Request) syscall.Conn {
+func clientSocket(r *http.Request) clientConn {
 	c, _ := r.Context().Value(connKey{}).(net.Conn)
-	if sc, ok := c.(syscall.Conn); ok && c.LocalAddr().Network() == "tcp" {
+	if sc, ok := c.(clientConn); ok && c.LocalAddr().Network() == "tcp" {
 		return sc
 	}
 	return nil

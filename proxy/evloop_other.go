@@ -2,10 +2,13 @@
 
 package proxy
 
-import "net/http"
+import (
+	"net"
+	"net/http"
+)
 
-// evloops is the event loops' stand-in where there is no epoll: the loop
-// carries nothing, and every stream takes net/http's path.
+// evloops is the event loop's stand-in on systems other than Linux: the
+// loop carries nothing, and every stream takes net/http's path.
 type evloops struct{}
 
 func (*evloops) supported() bool { return false }
@@ -13,3 +16,6 @@ func (*evloops) supported() bool { return false }
 // loopRelay is never reached (directable is false): net/http's path takes
 // the answer.
 func (p *Proxy) loopRelay(*reqState, *http.Response, *directBody) error { return nil }
+
+// quiet is never reached (no connection is kept idle without the loop).
+func quiet(*net.TCPConn) bool { return false }

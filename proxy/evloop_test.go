@@ -13,6 +13,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -61,8 +62,9 @@ func paced(n int, gap time.Duration) http.HandlerFunc {
 }
 
 // The loop relays a stream byte for byte, the tap times every event, and
-// the client's connection serves its next request after it (keep-alive:
-// net/http ends the chunked body and keeps the connection).
+// both connections serve the next request after it (keep-alive: net/http
+// ends the client's chunked body and keeps its connection; the
+// upstream's goes back to the idle ones).
 func TestEventLoopRelaysAStream(t *testing.T) {
 	fs, sink, p := loopFront(t, paced(20, time.Millisecond), Options{})
 	var reused []bool
@@ -99,16 +101,79 @@ func TestEventLoopRelaysAStream(t *testing.T) {
 	}
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
-	for _, r := range sink.recs {
-		if r.Outcome != record.Success || r.TokenEvents() != 20 || r.FinishReason != "stop" || r.Upstream.Reused {
-			t.Errorf("record: %s/%s, %d token events, finish %q, upstream reused %v; want success, 20, stop, a connection of its own",
-				r.Outcome, r.ErrorType, r.TokenEvents(), r.FinishReason, r.Upstream.Reused)
+	for i, r := range sink.recs {
+		if r.Outcome != record.Success || r.TokenEvents() != 20 || r.FinishReason != "stop" || r.Upstream.Reused != (i == 1) {
+			t.Errorf("record %d: %s/%s, %d token events, finish %q, upstream reused %v; want success, 20, stop, the first's connection reused by the second",
+				i, r.Outcome, r.ErrorType, r.TokenEvents(), r.FinishReason, r.Upstream.Reused)
 		}
 		for i := 1; i < len(r.TokenAt); i++ {
 			if r.TokenAt[i] < r.TokenAt[i-1] {
 				t.Fatalf("token instants out of order: %v", r.TokenAt)
 			}
 		}
+	}
+}
+
+// An idle upstream connection is used again only while it is open: one
+// the engine closed (its keep-alive timeout) is dropped when taken and
+// the request goes over a new one; an answer that says Connection: close
+// leaves its connection closed, not kept.
+func TestEventLoopIdleConnections(t *testing.T) {
+	var closeNext atomic.Bool
+	var conns, closed atomic.Int32
+	stream := paced(3, 0)
+	us := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if closeNext.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		stream(w, r)
+	}))
+	us.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			conns.Add(1)
+		case http.StateClosed:
+			closed.Add(1)
+		}
+	}
+	us.Start()
+	defer us.Close()
+	var sink collect
+	u, _ := url.Parse(us.URL)
+	p, err := New(Options{Upstream: u, EventLoop: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := serve(p, true)
+	defer fs.Close()
+	want := contentEvents(3) + "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	step := func(name string, wantConns int32, wantReused bool) {
+		t.Helper()
+		resp, got := do(t, fs, "/v1/chat/completions", streamBody)
+		if resp.StatusCode != 200 || got != want {
+			t.Fatalf("%s: %d %q", name, resp.StatusCode, got)
+		}
+		r := waitOne(t, &sink)
+		sink.mu.Lock()
+		sink.recs = nil
+		sink.mu.Unlock()
+		if r.Outcome != record.Success || r.Upstream.Reused != wantReused || conns.Load() != wantConns {
+			t.Errorf("%s: %s, reused %v, %d upstream connections; want success, reused %v, %d", name, r.Outcome, r.Upstream.Reused, conns.Load(), wantReused, wantConns)
+		}
+	}
+	step("first", 1, false)
+	step("kept", 1, true)
+	us.CloseClientConnections() // the engine closes its idle connections
+	for closed.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	step("after the engine closed it", 2, false)
+	closeNext.Store(true)
+	step("answered with Connection: close", 2, true)
+	closeNext.Store(false)
+	step("after Connection: close", 3, false)
+	if n := p.loops.carried.Load(); n != 5 {
+		t.Errorf("the loop carried %d streams, want 5", n)
 	}
 }
 

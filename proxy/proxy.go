@@ -21,7 +21,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/tokentap/tokentap/pipeline"
@@ -36,14 +35,16 @@ type Options struct {
 	// Transport carries requests to the upstream. Nil means a transport
 	// tuned for one upstream (see NewTransport).
 	Transport http.RoundTripper
-	// EventLoop relays streamed answers on event loops (evloop.go): a
+	// EventLoop relays streamed answers on the event loop (evloop.go): a
 	// streamed request to an http:// upstream over HTTP/1.1 from a TCP
-	// client goes over a connection of its own, and its answer's body is
-	// read and written by a loop, not by net/http, at less CPU per token
-	// event (docs/performance.md). The server must keep its connections
-	// in its requests' context (ConnContext). False (the zero value)
-	// keeps every request on net/http's path, as does a system without
-	// epoll. A Transport of the caller's carries every request: the
+	// client goes over a connection of the relay's transport
+	// (directTransport, kept alive between answers), and its answer's
+	// body is read with read(2) and written with write(2) on Go's
+	// poller, not by net/http, at less CPU per token event
+	// (docs/performance.md). The server must keep its connections in its
+	// requests' context (ConnContext). False (the zero value) keeps
+	// every request on net/http's path, as does a system other than
+	// Linux. A Transport of the caller's carries every request: the
 	// loop applies with the proxy's own (Transport nil).
 	EventLoop bool
 	// Pipeline is told about every request at arrival and, with its
@@ -328,7 +329,7 @@ type reqState struct {
 	// are what the loop writes to (offload).
 	direct bool
 	w      http.ResponseWriter
-	client syscall.Conn
+	client clientConn
 }
 
 // ServeHTTP proxies one request.
