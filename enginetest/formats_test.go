@@ -246,7 +246,7 @@ func TestFormats(t *testing.T) {
 					})
 				})
 			}
-			loopCarried(t, s, mode.args)
+			loopCarried(t, s, mode.loop)
 		})
 	}
 }

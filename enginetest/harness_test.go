@@ -253,20 +253,23 @@ var upRe = regexp.MustCompile(`proxy=(http://\S+) .*metrics=(http://\S+)/metrics
 
 // startSidecar starts the sidecar binary in front of the shared Ollama,
 // with --records in a temporary file and the given extra arguments.
-// ioModes are the sidecar's two I/O paths for streamed answers: net/http's
-// (the default) and the event loop's (--event-loop, docs/design.md "The
-// event loop"). The format and SDK tests run through both.
+// ioModes are the sidecar's two I/O paths for streamed answers: the
+// event loop's (the default, docs/design.md "The event loop") and
+// net/http's (--event-loop=false). The format and SDK tests run through
+// both.
 var ioModes = []struct {
 	name string
 	args []string
-}{{"net_http", nil}, {"event_loop", []string{"--event-loop"}}}
+	loop bool // the event loop carries the streams
+}{{"event_loop", nil, true}, {"net_http", []string{"--event-loop=false"}, false}}
 
-// loopCarried fails t when s runs on the event loop's path (args) and
-// the loop relayed no stream: the sidecar logs its first.
-func loopCarried(t *testing.T, s *sidecar, args []string) {
+// loopCarried fails t when the event loop should have carried s's
+// streams (loop) and relayed none, or should not have and did: the
+// sidecar logs the first it relays.
+func loopCarried(t *testing.T, s *sidecar, loop bool) {
 	t.Helper()
-	if len(args) > 0 && !strings.Contains(s.log(), "event loop: relaying streamed answers") {
-		t.Errorf("with %v the event loop relayed no stream; the sidecar's log:\n%s", args, s.log())
+	if carried := strings.Contains(s.log(), "event loop: relaying streamed answers"); carried != loop {
+		t.Errorf("the event loop relayed streams: %v, want %v; the sidecar's log:\n%s", carried, loop, s.log())
 	}
 }
 

@@ -207,7 +207,7 @@ func TestSDKsParseThroughTheSidecarAsDirect(t *testing.T) {
 					}
 				})
 			}
-			loopCarried(t, s, mode.args)
+			loopCarried(t, s, mode.loop)
 		})
 	}
 }

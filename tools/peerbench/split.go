@@ -70,7 +70,7 @@ const (
 	partTap     = "the tap, per event: framing, parsing, token instants, forward delay"
 	partEnd     = "the request's end and the sidecar's own goroutines: metrics, OTLP, SLO, capture, live page, probe"
 	partRecords = "the records file's writer"
-	partLoop    = "the event loop (--event-loop): epoll, read(2) and write(2), chunked framing"
+	partLoop    = "the event loop (--event-loop): its waits on Go's poller, read(2) and write(2), chunked framing"
 	partStart   = "the request's start: peek, routing, tenant, record"
 )
 
@@ -134,7 +134,7 @@ func classify(stack [][2]string) string {
 		return partTap
 	case has("record.(*File)", "record.openFile"):
 		return partRecords
-	case has("proxy.(*evloop)", "proxy.(*relay)", "proxy.rawIO", "internal/chunked."):
+	case has("proxy.(*relay)", "proxy.rawIO", "internal/chunked."):
 		return partLoop
 	case has("proxy.(*Proxy).endStages", "proxy.(*Proxy).runCheck", "proxy.(*Proxy).end", "proxy.(*Proxy).finish",
 		"proxy.(*Proxy).release", "pipeline.", "exporter.", "slo.", "cause.", "tracing.", "capture.", "prefix.",
