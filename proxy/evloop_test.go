@@ -177,6 +177,84 @@ func TestEventLoopIdleConnections(t *testing.T) {
 	}
 }
 
+// An idle upstream connection with bytes no request asked for (a 408
+// some servers send before they close an idle connection) is not used
+// again: the next request goes over a new one, and reads its own answer.
+func TestEventLoopIdleConnectionWithStrayBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int32
+	stray := make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := accepted.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					ev := fmt.Sprintf("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c%d\"}}]}\n\n", n)
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+					if n == 1 {
+						time.Sleep(20 * time.Millisecond) // after the sidecar kept the connection
+						io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+						close(stray)
+						time.Sleep(time.Second)
+						return
+					}
+				}
+			}()
+		}
+	}()
+	var sink collect
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	p, err := New(Options{Upstream: u, EventLoop: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := serve(p, true)
+	defer fs.Close()
+	for i, want := range []string{"c1", "c2"} {
+		resp, got := do(t, fs, "/v1/chat/completions", streamBody)
+		if resp.StatusCode != 200 || !strings.Contains(got, want) {
+			t.Fatalf("request %d: %d %q, want the event %s", i+1, resp.StatusCode, got, want)
+		}
+		if i == 0 {
+			<-stray
+			waitStray(t, &p.rp.Transport.(*directTransport).idle, ln.Addr().String())
+		}
+	}
+	if n := accepted.Load(); n != 2 {
+		t.Errorf("%d upstream connections, want 2: the one with stray bytes dropped", n)
+	}
+}
+
+// waitStray waits until addr's idle connection has bytes to read.
+func waitStray(t *testing.T, idle *idleConns, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		idle.mu.Lock()
+		s := idle.byAddr[addr]
+		readable := len(s) == 1 && !quiet(s[0].c)
+		idle.mu.Unlock()
+		if readable {
+			return
+		}
+	}
+	t.Fatal("the kept connection never had the stray bytes")
+}
+
 // A client that goes away mid-stream: the loop ends the stream, the
 // upstream's connection is closed (its handler sees its request end),
 // and the record says cancelled.
