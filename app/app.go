@@ -326,6 +326,9 @@ func (s *Sidecar) newProxy(pipe *pipeline.Pipeline, up *url.URL, probeSecret str
 	if err != nil {
 		return err
 	}
+	metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokentap_event_loop_streams_total",
+		Help: "Streamed answers relayed on the event loop (event_loop); the others took net/http's path."},
+		func() float64 { return float64(s.proxy.LoopStreams()) }))
 	if s.pln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}

@@ -29,6 +29,15 @@ import (
 // SSE or NDJSON body and no trailers. Everything else, and everything on
 // a system other than Linux, takes net/http's path.
 
+// LoopStreams is how many streamed answers the event loop relayed
+// (Options.EventLoop): 0 without it.
+func (p *Proxy) LoopStreams() int64 {
+	if p.loops == nil {
+		return 0
+	}
+	return p.loops.streams()
+}
+
 // errAgain is a loop feed's "no more bytes yet": the tap's Read returns
 // it as it came, and notes nothing.
 var errAgain = errors.New("proxy: no more bytes yet")

@@ -30,6 +30,8 @@ type evloops struct {
 
 func (*evloops) supported() bool { return true }
 
+func (e *evloops) streams() int64 { return e.carried.Load() }
+
 // rawBufSize is the size of a relay's read buffer, and of the buffer the
 // tap's Read fills from it: a read's body bytes always fit in one Read.
 const rawBufSize = 16 << 10

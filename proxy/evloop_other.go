@@ -13,6 +13,8 @@ type evloops struct{}
 
 func (*evloops) supported() bool { return false }
 
+func (*evloops) streams() int64 { return 0 }
+
 // loopRelay is never reached (directable is false): net/http's path takes
 // the answer.
 func (p *Proxy) loopRelay(*reqState, *http.Response, *directBody) error { return nil }
