@@ -73,7 +73,7 @@ func (d *directTransport) roundTrip(req *http.Request) (*http.Response, error) {
 		c = nc.(*net.TCPConn)
 	}
 	if trace != nil && trace.GotConn != nil {
-		trace.GotConn(httptrace.GotConnInfo{Conn: c, Reused: c != nil && idled >= 0, WasIdle: idled >= 0, IdleTime: max(idled, 0)})
+		trace.GotConn(httptrace.GotConnInfo{Conn: c, Reused: idled >= 0, WasIdle: idled >= 0, IdleTime: max(idled, 0)})
 	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(longAgo) })
 	resp, br, err := exchange(c, req, trace)
