@@ -41,6 +41,21 @@ func loopFront(t *testing.T, h http.Handler, opts Options) (*httptest.Server, *c
 	return fs, &sink, p
 }
 
+// loopTo is a proxy with the event loop on in front of the upstream at
+// rawURL, with the records it collects.
+func loopTo(t *testing.T, rawURL string) (*httptest.Server, *collect, *Proxy) {
+	t.Helper()
+	var sink collect
+	u, _ := url.Parse(rawURL)
+	p, err := New(Options{Upstream: u, EventLoop: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := serve(p, true)
+	t.Cleanup(fs.Close)
+	return fs, &sink, p
+}
+
 // paced serves n content events, gap apart, then a finish and [DONE].
 func paced(n int, gap time.Duration) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -217,14 +232,7 @@ func TestEventLoopIdleConnectionWithStrayBytes(t *testing.T) {
 			}()
 		}
 	}()
-	var sink collect
-	u, _ := url.Parse("http://" + ln.Addr().String())
-	p, err := New(Options{Upstream: u, EventLoop: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := serve(p, true)
-	defer fs.Close()
+	fs, _, p := loopTo(t, "http://"+ln.Addr().String())
 	for i, want := range []string{"c1", "c2"} {
 		resp, got := do(t, fs, "/v1/chat/completions", streamBody)
 		if resp.StatusCode != 200 || !strings.Contains(got, want) {
@@ -461,14 +469,7 @@ func TestEventLoopMalformedFraming(t *testing.T) {
 		io.WriteString(c, "zz\r\nnot a chunk\r\n")
 		time.Sleep(time.Second)
 	}()
-	var sink collect
-	u, _ := url.Parse("http://" + ln.Addr().String())
-	p, err := New(Options{Upstream: u, EventLoop: true, Pipeline: pipeline.New(pipeline.Options{Sinks: []record.Sink{&sink}})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := serve(p, true)
-	defer fs.Close()
+	fs, sink, _ := loopTo(t, "http://"+ln.Addr().String())
 	resp, err := http.Post(fs.URL+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
 	if err != nil {
 		t.Fatal(err)
@@ -478,7 +479,7 @@ func TestEventLoopMalformedFraming(t *testing.T) {
 	if err == nil || string(b) != ev {
 		t.Errorf("client read %q, err %v; want the first event, then an error", b, err)
 	}
-	r := waitOne(t, &sink)
+	r := waitOne(t, sink)
 	if r.Outcome != record.Error || r.ErrorType != record.ErrUpstreamReset || r.TokenEvents() != 1 {
 		t.Errorf("record %s/%s with %d token events", r.Outcome, r.ErrorType, r.TokenEvents())
 	}
