@@ -176,7 +176,9 @@ func TestStartOrphanHelper(t *testing.T) {
 // cleanups (SIGKILL here; a timeout's panic the same) takes its tools with it.
 func TestStartKillsTheToolWithTheTest(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestStartOrphanHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "TESTTOOL_ORPHAN=1")
+	// The helper dies without its cleanups: its temporary directory goes
+	// under this test's, which this test's cleanup removes.
+	cmd.Env = append(os.Environ(), "TESTTOOL_ORPHAN=1", "TMPDIR="+t.TempDir())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
