@@ -34,6 +34,14 @@
 #   SIDECAR_FLAGS  more sidecar flags
 #   WORK        the work directory (default: a new one under TMPDIR)
 #   PNG         where the plot goes (default: soak.png in the work directory)
+#   PPROF       an address (127.0.0.1:PORT) for Go's profiling endpoints:
+#               the sidecar then runs as `peerbench sidecar -pprof PPROF`
+#               (app.Run, as cmd/sidecar, plus /debug/pprof/), and the
+#               sampler writes the allocation and heap profiles of each
+#               sample whose heap in use passes BURST into profiles/ (at
+#               most 5; a diagnosis run, not the acceptance run; default:
+#               none)
+#   BURST       heap in use, MiB, that makes a sample a burst (default 110)
 #
 # Everything listens on 127.0.0.1. The work directory keeps the samples
 # (samples.csv), the records, the capture, the sidecar's log and the last
@@ -56,6 +64,8 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 batch=$((STREAMS + 64))
 SIM_FLAGS=${SIM_FLAGS:---sim.max-batch $batch --sim.max-queue $((2 * batch)) --sim.error-prob 0 --sim.stall-prob 0 --sim.max-tokens $MAX_TOKENS --sim.decode-base $DECODE --sim.decode-per-seq 0s --sim.prefill-base 2ms --sim.prefill-per-token 1us --sim.eos-prob 0.01}
 SIDECAR_FLAGS=${SIDECAR_FLAGS:-}
+PPROF=${PPROF:-}
+BURST=${BURST:-110}
 
 secs() { # a Go-style duration (90s, 10m, 1h) in whole seconds
 	local d=$1
@@ -84,7 +94,17 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (with uncommitted changes)"
 echo "soak: work directory $work"
 echo "soak: building the sidecar and tools/soak at $commit"
-go build -o "$work/sidecar" ./cmd/sidecar
+sidecar=("$work/sidecar")
+sample_flags=()
+if [ -n "$PPROF" ]; then
+	go build -o "$work/sidecar" ./tools/peerbench
+	sidecar=("$work/sidecar" sidecar -pprof "$PPROF" --)
+	mkdir -p "$work/profiles"
+	sample_flags=(-pprof "http://$PPROF" -burst "$BURST" -profiles "$work/profiles")
+	echo "soak: PPROF: the sidecar runs as peerbench sidecar, profiles over $BURST MiB of heap into $work/profiles"
+else
+	go build -o "$work/sidecar" ./cmd/sidecar
+fi
 go build -o "$work/soak" ./tools/soak
 
 # Each stream holds a client and an engine connection in the sidecar, and
@@ -158,7 +178,7 @@ OTEL_SERVICE_NAME=tokentap-soak OTEL_TRACES_EXPORTER=otlp OTEL_METRICS_EXPORTER=
 	OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf \
 	OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="$otlp/v1/traces" OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="$otlp/v1/metrics" \
 	OTEL_METRIC_EXPORT_INTERVAL=10000 \
-	"$work/sidecar" "${args[@]}" 2>"$work/sidecar.log" &
+	"${sidecar[@]}" "${args[@]}" 2>"$work/sidecar.log" &
 pid=$!
 
 proxy= metrics=
@@ -179,7 +199,7 @@ echo "soak: $STREAMS streams for $DURATION (the fits after $WARMUP), $KEYS API k
 
 # The sampler stops at the load's end, before the streams drain.
 "$work/soak" sample -pid "$pid" -admin "$admin" -out "$work/samples.csv" -summary "$work/sampler.json" \
-	-interval "$INTERVAL" -duration "${dur_s}s" 2>"$work/sampler.log" &
+	-interval "$INTERVAL" -duration "${dur_s}s" "${sample_flags[@]}" 2>"$work/sampler.log" &
 sampler=$!
 status=0
 "$work/soak" -url "$proxy" -streams "$STREAMS" -duration "${dur_s}s" -model "$MODEL" -max-tokens "$MAX_TOKENS" \

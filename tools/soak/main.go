@@ -15,6 +15,7 @@
 // (docs/performance.md, "An hour at 500 streams"):
 //
 //	soak sample -pid PID -admin URL -out samples.csv   # RSS, heap, goroutines, descriptors every 10 s; /live/data polled every 1 s
+//	    [-pprof URL -burst MiB -profiles DIR]          # and the allocation profiles of a heap burst
 //	soak otlp -listen 127.0.0.1:0 -addr-file F -out otlp.json   # an OTLP/HTTP sink that counts what it is sent
 //	soak report -dir WORK -warmup 5m                    # the fits and the checks; soak.png; exit 1 when a check fails
 package main

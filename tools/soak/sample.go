@@ -40,12 +40,14 @@ func (s sample) row() []string {
 
 // samplerSummary is what the sampler writes when it stops.
 type samplerSummary struct {
-	Samples      int   `json:"samples"`
-	SampleErrors int64 `json:"sample_errors"` // samples not taken: /proc or /metrics could not be read
-	Scrapes      int64 `json:"scrapes"`       // /metrics answered whole
-	LivePolls    int64 `json:"live_polls"`    // /live/data answered 200
-	LiveBusy     int64 `json:"live_busy"`     // answered 503 (at most 4 polls at once)
-	LiveErrors   int64 `json:"live_errors"`   // any other answer, or none, of /live/data or /probes
+	Samples       int   `json:"samples"`
+	SampleErrors  int64 `json:"sample_errors"`  // samples not taken: /proc or /metrics could not be read
+	Scrapes       int64 `json:"scrapes"`        // /metrics answered whole
+	LivePolls     int64 `json:"live_polls"`     // /live/data answered 200
+	LiveBusy      int64 `json:"live_busy"`      // answered 503 (at most 4 polls at once)
+	LiveErrors    int64 `json:"live_errors"`    // any other answer, or none, of /live/data or /probes
+	Bursts        int   `json:"bursts"`         // samples over -burst whose profiles were written
+	ProfileErrors int64 `json:"profile_errors"` // profiles not read or not written (-pprof)
 }
 
 // sampleCmd samples the sidecar (its process and its admin listener)
@@ -53,6 +55,8 @@ type samplerSummary struct {
 // its RSS and descriptors from /proc and its heap and goroutines from a
 // whole scrape of /metrics (the sampler is the run's Prometheus), and
 // every -live-interval the live page's data, as an open page polls it.
+// With -pprof, it also catches the allocations of a heap burst
+// (burstCatcher).
 func sampleCmd(args []string) error {
 	fs := flag.NewFlagSet("sample", flag.ContinueOnError)
 	pid := fs.Int("pid", 0, "the sidecar's process id")
@@ -62,6 +66,9 @@ func sampleCmd(args []string) error {
 	interval := fs.Duration("interval", 10*time.Second, "between samples (and /metrics scrapes)")
 	liveEvery := fs.Duration("live-interval", time.Second, "between polls of /live/data (0: none)")
 	duration := fs.Duration("duration", 0, "stop after this long, taking no sample at or past it (0: until SIGTERM)")
+	pprofURL := fs.String("pprof", "", "the sidecar's profiling base URL (peerbench sidecar -pprof ADDR), to catch a heap burst's allocations (empty: none)")
+	burst := fs.Float64("burst", 110, "with -pprof: heap in use, MiB, above which a sample is a burst and its profiles are written")
+	profiles := fs.String("profiles", ".", "with -pprof: the folder for a burst's profiles")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -88,6 +95,7 @@ func sampleCmd(args []string) error {
 		defer cancel()
 	}
 	client := &http.Client{Timeout: 5 * time.Second}
+	bursts := &burstCatcher{c: client, pprof: strings.TrimSuffix(*pprofURL, "/"), dir: *profiles, over: *burst * (1 << 20), max: 5}
 	var sum samplerSummary
 	var polls, busy, perr atomic.Int64
 	pollDone := make(chan struct{})
@@ -118,6 +126,10 @@ func sampleCmd(args []string) error {
 			if err := w.Error(); err != nil {
 				return err
 			}
+			if err := bursts.after(ctx, s); err != nil && ctx.Err() == nil {
+				sum.ProfileErrors++
+				fmt.Fprintf(os.Stderr, "soak sample: %.0fs: profile: %v\n", s.Elapsed, err)
+			}
 		case ctx.Err() != nil:
 		default:
 			sum.SampleErrors++
@@ -130,6 +142,7 @@ func sampleCmd(args []string) error {
 		case <-ctx.Done():
 			<-pollDone
 			sum.LivePolls, sum.LiveBusy, sum.LiveErrors = polls.Load(), busy.Load(), perr.Load()
+			sum.Bursts = bursts.caught
 			if *summary != "" {
 				return writeJSON(*summary, sum)
 			}
