@@ -34,10 +34,22 @@ func (e *evloops) streams() int64 { return e.carried.Load() }
 
 // rawBufSize is the size of a relay's read buffer, and of the buffer the
 // tap's Read fills from it: a read's body bytes always fit in one Read.
-const rawBufSize = 16 << 10
+// 8 KiB is dozens of SSE events; a read that fills it is followed by
+// another at once.
+const rawBufSize = 8 << 10
 
-// loopBufs are the buffers one wake of a relay uses, pooled: a parked
-// stream holds none.
+// loopBufs are the buffers one wake of a relay uses, pooled, and held
+// only while a read's bytes go through the tap's Read onto the client's
+// socket: a parked stream holds none, nor does one whose tap is parsing
+// (step gives them back first), so a relay that waits for a core or a
+// lock there keeps nothing of the pool's. Together under 32 KiB (the
+// loop's read, its Read and the framed write are three small objects of
+// Go's size classes, not a large object from the page heap each).
+//
+// Design note: the first loop held 48 KiB through the whole wake, the
+// tap's parse and a stream's end included; at a burst of load hundreds
+// of relays held one each, and the pool's New took them from the page
+// heap (docs/performance.md, "The second hour on the event loop").
 type loopBufs struct {
 	raw [rawBufSize]byte // what read(2) returned
 	out [rawBufSize]byte // what the tap's Read returned
@@ -162,32 +174,30 @@ func (r *relay) run(crc, urc syscall.RawConn, held []byte) error {
 	}
 	var full bool
 	read := func(fd uintptr) bool { // the upstream's socket is readable
-		b := loopBufPool.Get().(*loopBufs)
-		defer loopBufPool.Put(b)
 		for {
+			b := loopBufPool.Get().(*loopBufs)
 			n, err := rawIO(syscall.SYS_READ, int(fd), b.raw[:])
 			switch {
 			case err == syscall.EAGAIN || err == syscall.EINTR:
+				loopBufPool.Put(b)
 				return false
 			case err != nil:
 				n, err = 0, os.NewSyscallError("read", err)
 			case n == 0:
 				err = io.ErrUnexpectedEOF // closed before the last chunk
 			}
-			full, werr = r.step(b.raw[:n], err, b)
+			full, werr = r.step(b, b.raw[:n], err)
 			if r.caught != nil || werr != nil || r.over || full {
 				return true
 			}
 			// A read that did not fill the buffer took all the socket
 			// held: the poller, edge-triggered, reports the next bytes.
-			if n < len(b.raw) {
+			if n < rawBufSize {
 				return false
 			}
 		}
 	}
-	b := loopBufPool.Get().(*loopBufs)
-	full, werr = r.step(held, nil, b)
-	loopBufPool.Put(b)
+	full, werr = r.step(loopBufPool.Get().(*loopBufs), held, nil)
 	for r.caught == nil && werr == nil && !(r.over && !full) {
 		if full {
 			if err := crc.Write(write); err != nil {
@@ -199,9 +209,7 @@ func (r *relay) run(crc, urc syscall.RawConn, held []byte) error {
 			r.pending = nil
 			// Written: the tap parses it, and may have more (a step with
 			// no new bytes).
-			b := loopBufPool.Get().(*loopBufs)
-			full, werr = r.step(nil, nil, b)
-			loopBufPool.Put(b)
+			full, werr = r.step(loopBufPool.Get().(*loopBufs), nil, nil)
 			continue
 		}
 		if err := urc.Read(read); err != nil {
@@ -243,14 +251,16 @@ func (r *relay) settle() {
 	loopBufPool.Put(b)
 }
 
-// step relays one upstream read (raw; upErr: the read's failure): its
-// body bytes go through the tap, and what the tap's Read returns goes to
-// the client, framed as chunks, in one write. Once written, the tap
-// parses what was forwarded (forward first, parse after). full reports
-// that the client's socket took only part (the rest is pending); err is
-// errClientWrite when writing failed. A panic in the tap is caught into
-// r.caught.
-func (r *relay) step(raw []byte, upErr error, b *loopBufs) (full bool, err error) {
+// step relays one upstream read (raw; upErr: the read's failure) with
+// b, which it gives back to the pool: raw may be b.raw. The read's body
+// bytes go through the tap, and what the tap's Read returns goes to the
+// client, framed as chunks, in one write. Once written, b goes back and
+// the tap parses what was forwarded (forward first, parse after; the tap
+// parses its own copy). full reports that the client's socket took only
+// part (the rest is pending, copied out of b); err is errClientWrite
+// when writing failed. A panic in the tap is caught into r.caught (b is
+// then left to the collector).
+func (r *relay) step(b *loopBufs, raw []byte, upErr error) (full bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			r.caught = &panicked{v: v, stack: debug.Stack()}
@@ -268,27 +278,40 @@ func (r *relay) step(raw []byte, upErr error, b *loopBufs) (full bool, err error
 		r.feed.err = upErr
 	}
 	for {
-		wb := r.drain(b)
-		if len(wb) > 0 {
-			n, werr := rawIO(syscall.SYS_WRITE, r.cfd, wb)
-			if werr == syscall.EAGAIN || werr == syscall.EINTR {
-				n, werr = 0, nil
-			}
-			if werr != nil {
-				return false, errClientWrite
-			}
-			if n < len(wb) {
-				r.pendBuf = append(r.pendBuf[:0], wb[n:]...)
-				r.pending = r.pendBuf
-				return true, nil
-			}
+		full, err = r.send(r.drain(b))
+		r.feed.b = nil // drained: nothing points into b
+		loopBufPool.Put(b)
+		if full || err != nil {
+			return full, err
 		}
 		r.t.afterForward()
 		if r.over || !r.t.holdsOut() {
 			return false, nil
 		}
 		// Parsing failed in strip mode: what was held is released.
+		b = loopBufPool.Get().(*loopBufs)
 	}
+}
+
+// send writes wb to the client's socket, and keeps what it did not take
+// in pending (full).
+func (r *relay) send(wb []byte) (full bool, err error) {
+	if len(wb) == 0 {
+		return false, nil
+	}
+	n, werr := rawIO(syscall.SYS_WRITE, r.cfd, wb)
+	if werr == syscall.EAGAIN || werr == syscall.EINTR {
+		n, werr = 0, nil
+	}
+	if werr != nil {
+		return false, errClientWrite
+	}
+	if n < len(wb) {
+		r.pendBuf = append(r.pendBuf[:0], wb[n:]...)
+		r.pending = r.pendBuf
+		return true, nil
+	}
+	return false, nil
 }
 
 // drain calls the tap's Read until it has nothing more, and frames what

@@ -501,11 +501,10 @@ func TestEventLoopStepAllocatesNothing(t *testing.T) {
 		tp := newTap(feed, st, bodySSE, stream.FormatOpenAI, mode.strip, 1<<20)
 		tp.looped = true
 		r := &relay{t: tp, feed: feed, cfd: fds[0], pendBuf: make([]byte, 0, rawBufSize+64)}
-		b := &loopBufs{wb: make([]byte, 0, rawBufSize+64)}
 		in := make([]byte, len(raw))
 		step := func() {
 			copy(in, raw) // decoded in place
-			full, err := r.step(in, nil, b)
+			full, err := r.step(loopBufPool.Get().(*loopBufs), in, nil)
 			for full && err == nil { // the reader fell behind: wait for room, as the loop would
 				n, werr := rawIO(syscall.SYS_WRITE, r.cfd, r.pending)
 				if werr == nil {
@@ -513,7 +512,7 @@ func TestEventLoopStepAllocatesNothing(t *testing.T) {
 				}
 				if len(r.pending) == 0 {
 					r.pending = nil
-					full, err = r.step(nil, nil, b)
+					full, err = r.step(loopBufPool.Get().(*loopBufs), nil, nil)
 				}
 			}
 			if err != nil || r.caught != nil {
