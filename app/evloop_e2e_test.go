@@ -7,15 +7,15 @@ import (
 	"testing"
 )
 
-// With --event-loop streamed answers take the event loop, and
-// tokentap_event_loop_streams_total counts each it relays; by default
-// net/http carries them and it stays 0.
+// The event loop is the default path for streamed answers, and
+// tokentap_event_loop_streams_total counts each it relays; with
+// --event-loop=false net/http carries them and it stays 0.
 func TestEventLoopStreamsCounted(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
 		loop bool
-	}{{"default", nil, false}, {"on", []string{"--event-loop"}, true}} {
+	}{{"default", nil, true}, {"off", []string{"--event-loop=false"}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, _ := startSidecar(t, "", append([]string{"--upstream", "", "--demo=off"}, tc.args...)...)
 			const streams = 3

@@ -253,15 +253,15 @@ var upRe = regexp.MustCompile(`proxy=(http://\S+) .*metrics=(http://\S+)/metrics
 
 // startSidecar starts the sidecar binary in front of the shared Ollama,
 // with --records in a temporary file and the given extra arguments.
-// ioModes are the sidecar's two I/O paths for streamed answers:
-// net/http's (the default) and the event loop's (--event-loop,
-// docs/design.md "The event loop"). The format and SDK tests run
-// through both.
+// ioModes are the sidecar's two I/O paths for streamed answers: the
+// event loop's (the default, docs/design.md "The event loop") and
+// net/http's (--event-loop=false). The format and SDK tests run through
+// both.
 var ioModes = []struct {
 	name string
 	args []string
 	loop bool // the event loop carries the streams
-}{{"net_http", nil, false}, {"event_loop", []string{"--event-loop"}, true}}
+}{{"event_loop", nil, true}, {"net_http", []string{"--event-loop=false"}, false}}
 
 // loopCarried fails t when the event loop should have carried s's
 // streams (loop) and relayed none, or should not have and did: the

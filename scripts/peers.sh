@@ -15,9 +15,9 @@
 #                                     the capacity steps alone
 #   scripts/peers.sh --profile DIR    also CPU and allocation profiles of the
 #                                     sidecar over each window of the first run
-#   scripts/peers.sh --perf DIR       instead of the table: bare Go, the sidecar and
-#                                     the sidecar on its event loop (--event-loop)
-#                                     at 200 streams, one after the other, each
+#   scripts/peers.sh --perf DIR       instead of the table: bare Go, the sidecar (on
+#                                     its event loop, the default) and the sidecar on
+#                                     net/http's path (--event-loop=false) at 200 streams, one after the other, each
 #                                     sampled by `perf record -g` for 18 s, kernel
 #                                     included, and their CPU split by part per
 #                                     event (`peerbench split`; ~1 min; needs perf:
@@ -27,13 +27,13 @@
 #                                     `peerbench capacity` flags with --capacity
 #
 # Paths: direct, a bare Go httputil.ReverseProxy, an epoll event-loop relay
-# (peerbench loop: the relay alone, measuring nothing), the sidecar with every
-# instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
+# (peerbench loop: the relay alone, measuring nothing), the sidecar (on its
+# event loop, the default) with every instrument on (records, Prometheus, OTLP spans to Jaeger and OTLP metrics,
 # usage injection, two SLOs, one with structure: required over the 1 request
 # in 4 that declares a tool, tenants from the API keys the client sends, the
 # capture to a file, a canary probe, the live page polled as a browser), the
-# sidecar with OTLP off, the sidecar on its event loop with every
-# instrument on (tokentap-evloop: --event-loop), and nginx, haproxy and
+# sidecar with OTLP off, the sidecar on net/http's path with every
+# instrument on (tokentap-nethttp: --event-loop=false), and nginx, haproxy and
 # caddy when installed (Debian:
 # apt-get install nginx-light haproxy caddy; write a /usr/sbin/policy-rc.d
 # that exits 101 first, so that apt starts no service). --capacity runs
@@ -98,7 +98,7 @@ if [ -n "$perfdir" ]; then
   command -v perf >/dev/null || { echo "scripts/peers.sh: --perf needs perf (apt-get install linux-perf)" >&2; exit 2; }
   mkdir -p "$perfdir"
   specs=()
-  for p in bare tokentap tokentap-evloop; do
+  for p in bare tokentap tokentap-nethttp; do
     "$work/peerbench" run -dir "$work/perf-$p" -sidecar "$work/sidecar" -only "$p" -runs 1 -streams 200 \
       -duration 24s -warmup 3s -memory 0 -nootlp=false "${extra[@]}" >"$perfdir/$p.log" 2>&1 &
     run=$!

@@ -181,9 +181,9 @@ func printRatios(w io.Writer, streams int, targets []*target, cells [][][]cell, 
 			b, ok := get(s, "bare")
 			return div(s[tt].cpuPerEv, b.cpuPerEv, ok)
 		}},
-		{name: "CPU per event, tokentap-evloop / bare Go (goal ≤ 1.1, on the event loop's path)", f: func(s []summary) (float64, bool) {
+		{name: "CPU per event, tokentap-nethttp / bare Go (net/http's path, --event-loop=false)", f: func(s []summary) (float64, bool) {
 			b, ok1 := get(s, "bare")
-			e, ok2 := get(s, "tokentap-evloop")
+			e, ok2 := get(s, "tokentap-nethttp")
 			return div(e.cpuPerEv, b.cpuPerEv, ok1 && ok2)
 		}},
 		{name: "CPU per event, event loop / bare Go (the next I/O path, relay alone)", f: func(s []summary) (float64, bool) {

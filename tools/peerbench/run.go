@@ -49,7 +49,7 @@ func parseRun(args []string) (runFlags, error) {
 	fs.DurationVar(&f.memDuration, "memory-duration", 10*time.Second, "measuring window of the memory run")
 	fs.DurationVar(&f.memInterval, "memory-interval", 100*time.Millisecond, "event interval of the memory run (2 cores cannot carry 1,000 streams at 20 ms)")
 	peersFlag := fs.String("peers", "nginx,haproxy,caddy", "peers to run when installed")
-	only := fs.String("only", "", "comma-separated targets to run (direct, bare, loop, tokentap, tokentap-evloop, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
+	only := fs.String("only", "", "comma-separated targets to run (direct, bare, loop, tokentap, tokentap-nethttp, tokentap-nootlp, tokentap-base, nginx, haproxy, caddy); empty: all")
 	fs.StringVar(&f.profile, "profile", "", "folder for CPU and allocation profiles of tokentap, taken over each window of the first run, and its heap in the memory run")
 	fs.IntVar(&f.memProfileRate, "memprofilerate", 0, "with -profile: the profiled sidecar's runtime.MemProfileRate (1: every allocation sampled, an exact heap breakdown; 0: Go's default)")
 	nootlp := fs.Bool("nootlp", true, "also run tokentap with OTLP off (tokentap-nootlp), to state what OTLP adds")
@@ -372,9 +372,10 @@ func (b *bench) setup() error {
 			return err
 		}
 	}
-	// The sidecar's own binary on the event loop's path (--event-loop),
-	// every instrument on; never profiled (the profiles are net/http's path).
-	if err := sidecar("tokentap-evloop", f.sidecar, otlpEnv, false, "--event-loop"); err != nil {
+	// The sidecar's own binary on net/http's path (--event-loop=false;
+	// tokentap is on the event loop, the default), every instrument on;
+	// never profiled.
+	if err := sidecar("tokentap-nethttp", f.sidecar, otlpEnv, false, "--event-loop=false"); err != nil {
 		return err
 	}
 	if f.baseline != "" {
