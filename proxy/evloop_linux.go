@@ -42,9 +42,9 @@ const rawBufSize = 8 << 10
 // only while a read's bytes go through the tap's Read onto the client's
 // socket: a parked stream holds none, nor does one whose tap is parsing
 // (step gives them back first), so a relay that waits for a core or a
-// lock there keeps nothing of the pool's. Together under 32 KiB (the
-// loop's read, its Read and the framed write are three small objects of
-// Go's size classes, not a large object from the page heap each).
+// lock there keeps nothing of the pool's. Two small objects of Go's
+// size classes (raw and out together, 18 KiB; wb, 9.5 KiB), not one
+// large object from the page heap.
 //
 // Design note: the first loop held 48 KiB through the whole wake, the
 // tap's parse and a stream's end included; at a burst of load hundreds
